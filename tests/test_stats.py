@@ -1,0 +1,397 @@
+"""Tests for bcr_core.stats against values computed independently of scipy where possible."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bcr_core.stats import (
+    discordant,
+    line_residuals,
+    mcnemar_exact,
+    paired_t,
+    paired_table,
+    reuse_accuracy_line,
+    wilcoxon,
+    wilson_ci,
+)
+
+
+# ---------------------------------------------------------------- reference formulas
+
+
+def binom_two_sided(b: int, c: int) -> float:
+    """Exact McNemar p by an explicit binomial sum: 2 * P(X <= min(b, c)), capped at 1."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def wilson_closed_form(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson interval from its closed form, z from the stdlib normal."""
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    centre = (k + z * z / 2) / (n + z * z)
+    half = z / (n + z * z) * math.sqrt(k * (n - k) / n + z * z / 4)
+    return centre - half, centre + half
+
+
+# ---------------------------------------------------------------- mcnemar_exact
+
+
+@pytest.mark.parametrize(
+    "b,c", [(0, 1), (1, 0), (3, 3), (17, 9), (9, 8), (14, 4), (47, 24), (5, 20), (0, 12)]
+)
+def test_mcnemar_matches_binomial_sum(b, c):
+    assert mcnemar_exact(b, c) == pytest.approx(binom_two_sided(b, c), rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "b,c,printed",
+    [
+        (17, 9, "0.169"),  # Table 4(d), GSM8K 2 agents
+        (11, 5, "0.210"),  # Table 4(d), GSM8K 3 agents
+        (9, 8, "1.000"),  # Table 4(d), GSM8K 5 agents
+        (16, 12, "0.572"),  # Table 4(d), MMLU 2 agents
+        (15, 12, "0.701"),  # Table 4(d), MMLU 3 agents
+        (8, 6, "0.791"),  # Table 4(d), HumanEval 2 agents
+        (14, 4, "0.031"),  # §4.3, BCR-single GSM8K 2 agents
+        (52, 30, "0.020"),  # App. H.1
+        (67, 52, "0.199"),  # App. H.1
+    ],
+)
+def test_mcnemar_reproduces_paper_values(b, c, printed):
+    assert f"{mcnemar_exact(b, c):.3f}" == printed
+
+
+def test_mcnemar_symmetric():
+    for b, c in itertools.product(range(0, 12), range(0, 12)):
+        assert mcnemar_exact(b, c) == pytest.approx(mcnemar_exact(c, b), rel=1e-12)
+
+
+def test_mcnemar_no_discordant_pairs_is_one():
+    assert mcnemar_exact(0, 0) == 1.0
+
+
+def test_mcnemar_one_sided_extreme():
+    # 0/10: p = 2 / 2**10 exactly.
+    assert mcnemar_exact(0, 10) == pytest.approx(2 / 1024, rel=1e-12)
+
+
+def test_mcnemar_accepts_numpy_integers():
+    assert mcnemar_exact(np.int64(17), np.int32(9)) == pytest.approx(binom_two_sided(17, 9))
+
+
+@pytest.mark.parametrize("b,c", [(-1, 3), (3, -1), (2.5, 3), (3, 1.0), ("4", 2), (True, 2), (None, 1)])
+def test_mcnemar_rejects_bad_counts(b, c):
+    with pytest.raises(ValueError, match="non-negative integer"):
+        mcnemar_exact(b, c)
+
+
+# ---------------------------------------------------------------- wilson_ci
+
+
+def test_wilson_known_interval():
+    lo, hi = wilson_ci(8, 10)
+    assert (round(lo, 4), round(hi, 4)) == (0.4902, 0.9433)
+
+
+@pytest.mark.parametrize(
+    "k,n,level",
+    [(8, 10, 0.95), (0, 10, 0.95), (10, 10, 0.95), (1, 1, 0.95), (128, 150, 0.95),
+     (37, 60, 0.9), (5, 300, 0.99), (150, 150, 0.8)],
+)
+def test_wilson_matches_closed_form(k, n, level):
+    lo, hi = wilson_ci(k, n, level)
+    elo, ehi = wilson_closed_form(k, n, level)
+    assert lo == pytest.approx(elo, abs=1e-10)
+    assert hi == pytest.approx(ehi, abs=1e-10)
+
+
+def test_wilson_edges_touch_bounds():
+    lo, hi = wilson_ci(0, 20)
+    assert lo == pytest.approx(0.0, abs=1e-12) and 0 < hi < 1
+    lo, hi = wilson_ci(20, 20)
+    assert hi == pytest.approx(1.0, abs=1e-12) and 0 < lo < 1
+
+
+@pytest.mark.parametrize(
+    "k,printed",
+    [(128, (79, 90)), (118, (71, 84)), (119, (72, 85)), (116, (70, 83)), (113, (68, 82))],
+)
+def test_wilson_reproduces_table7_brackets(k, printed):
+    lo, hi = wilson_ci(k, 150)
+    assert (round(100 * lo), round(100 * hi)) == printed
+
+
+def test_wilson_wider_at_higher_level():
+    lo90, hi90 = wilson_ci(30, 50, 0.90)
+    lo99, hi99 = wilson_ci(30, 50, 0.99)
+    assert lo99 < lo90 and hi99 > hi90
+
+
+@pytest.mark.parametrize(
+    "k,n,level,match",
+    [(0, 0, 0.95, "n must be positive"), (11, 10, 0.95, r"\[0, n\]"),
+     (-1, 10, 0.95, "non-negative"), (3, 10, 1.0, "level"), (3, 10, 0.0, "level"),
+     (2.0, 10, 0.95, "integer")],
+)
+def test_wilson_rejects_bad_input(k, n, level, match):
+    with pytest.raises(ValueError, match=match):
+        wilson_ci(k, n, level)
+
+
+# ---------------------------------------------------------------- paired_t
+
+
+def test_paired_t_matches_hand_computation():
+    # Three pairs -> df = 2, where the t CDF has the closed form
+    # F(t) = 1/2 + t / (2 sqrt(2 + t^2)), so two-sided p = 1 - |t| / sqrt(2 + t^2).
+    x = [5.0, 7.0, 4.0]
+    y = [3.0, 4.0, 3.0]
+    d = [a - b for a, b in zip(x, y)]  # 2, 3, 1
+    mean = sum(d) / 3  # 2
+    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / 2)  # 1
+    t = mean / (sd / math.sqrt(3))  # 2 sqrt(3)
+    p = 1 - abs(t) / math.sqrt(2 + t * t)
+    res = paired_t(x, y)
+    assert res["n"] == 3
+    assert res["mean_diff"] == pytest.approx(mean)
+    assert res["t"] == pytest.approx(t, rel=1e-12)
+    assert res["p"] == pytest.approx(p, rel=1e-9)
+
+
+def test_paired_t_sign_follows_x_minus_y():
+    res = paired_t([1.0, 2.0, 2.5], [2.0, 4.0, 3.0])
+    assert res["mean_diff"] < 0 and res["t"] < 0
+
+
+def test_paired_t_all_zero_differences():
+    assert paired_t([1, 2, 3], [1, 2, 3]) == {"mean_diff": 0.0, "t": 0.0, "p": 1.0, "n": 3}
+
+
+def test_paired_t_errors():
+    with pytest.raises(ValueError, match="equal length"):
+        paired_t([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_t([1.0], [2.0])
+    with pytest.raises(ValueError, match="NaN"):
+        paired_t([1.0, float("nan")], [2.0, 3.0])
+
+
+# ---------------------------------------------------------------- wilcoxon
+
+
+def exact_signed_rank_p(diffs):
+    """Two-sided exact signed-rank p by enumerating all sign assignments (no ties)."""
+    ranks = np.argsort(np.argsort(np.abs(diffs))) + 1
+    w_plus = int(sum(r for r, d in zip(ranks, diffs) if d > 0))
+    n = len(diffs)
+    total = n * (n + 1) // 2
+    stat = min(w_plus, total - w_plus)
+    count = sum(
+        1 for signs in itertools.product([0, 1], repeat=n)
+        if sum(r for r, s in zip(range(1, n + 1), signs) if s) <= stat
+    )
+    return stat, min(1.0, 2 * count / 2**n)
+
+
+@pytest.mark.parametrize("diffs", [[1, -2, 3, 4, 5], [1, 2, 3, 4], [-0.5, 1.5, -2.5, 3.5, -4.5, 5.5]])
+def test_wilcoxon_matches_enumeration(diffs):
+    stat, p = exact_signed_rank_p(diffs)
+    res = wilcoxon(diffs, [0.0] * len(diffs))
+    assert res["n"] == len(diffs)
+    assert res["statistic"] == pytest.approx(stat)
+    assert res["p"] == pytest.approx(p, rel=1e-12)
+
+
+def test_wilcoxon_all_zero_differences():
+    assert wilcoxon([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == {"statistic": 0.0, "p": 1.0, "n": 3}
+
+
+def test_wilcoxon_length_mismatch():
+    with pytest.raises(ValueError, match="equal length"):
+        wilcoxon([1, 2, 3], [1, 2, 3, 4])
+
+
+# ---------------------------------------------------------------- discordant
+
+
+def test_discordant_orientation():
+    first = [True, True, True, False, False, True, False]
+    second = [True, False, False, True, False, False, False]
+    # first-only right: items 1, 2, 5 -> b = 3; second-only right: item 3 -> c = 1
+    assert discordant(first, second) == (3, 1)
+    assert discordant(second, first) == (1, 3)
+
+
+def test_discordant_accepts_zero_one_and_numpy():
+    assert discordant(np.array([1, 0, 1]), np.array([False, True, True])) == (1, 1)
+
+
+def test_discordant_errors():
+    with pytest.raises(ValueError, match="equal length"):
+        discordant([True, False], [True])
+    with pytest.raises(ValueError, match="boolean"):
+        discordant([True, 2], [True, False])
+    with pytest.raises(ValueError, match="boolean"):
+        discordant([True, False], [float("nan"), True])
+
+
+# ---------------------------------------------------------------- Equation 3
+
+# Table 7: five agents, 150 GSM8K problems. Unrounded scores are counts out of 150.
+DENSE, KVCOMM, R_KVCOMM = 100 * 128 / 150, 100 * 113 / 150, 0.600
+
+
+def test_line_endpoints():
+    line = reuse_accuracy_line(DENSE, KVCOMM, R_KVCOMM)
+    assert line(0.0) == pytest.approx(DENSE)
+    assert line(R_KVCOMM) == pytest.approx(KVCOMM)
+
+
+def test_line_endpoint_at_full_reuse_when_rate_is_one():
+    line = reuse_accuracy_line(0.85, 0.70, 1.0)
+    assert line(0.0) == pytest.approx(0.85)
+    assert line(1.0) == pytest.approx(0.70)
+    assert line(0.5) == pytest.approx(0.775)
+
+
+def test_line_printed_form_of_equation_3():
+    # accuracy (%) = 85.3 - 16.7 x reuse rate, slope (85.3 - 75.3) / 0.600.
+    line = reuse_accuracy_line(85.3, 75.3, 0.600)
+    assert line.slope == pytest.approx(16.6667, abs=1e-4)
+    assert round(line.slope, 1) == 16.7
+    # §4.3: at the repair run's reuse 0.629 the line predicts 74.8.
+    assert round(reuse_accuracy_line(DENSE, KVCOMM, R_KVCOMM)(0.629), 1) == 74.8
+    # Not a chord to reuse 1: at r = 1 the line lies below the KVComm endpoint.
+    assert line(1.0) < 75.3 - 1
+
+
+def test_line_vectorised():
+    line = reuse_accuracy_line(80.0, 70.0, 0.5)
+    np.testing.assert_allclose(line(np.array([0.0, 0.25, 0.5])), [80.0, 75.0, 70.0])
+
+
+def test_line_rejects_bad_reuse_rate():
+    for bad in (0.0, -0.1, 1.2):
+        with pytest.raises(ValueError, match="reuse_rate"):
+            reuse_accuracy_line(85.3, 75.3, bad)
+
+
+def test_line_residuals_reproduce_table7():
+    points = [
+        ("Protect-the-Root", 0.456, 100 * 118 / 150),
+        ("Random", 0.454, 100 * 119 / 150),
+        ("Protect-the-Leaf", 0.504, 100 * 116 / 150),
+        ("KVComm", 0.600, 100 * 113 / 150),
+    ]
+    out = line_residuals(points, DENSE, KVCOMM, R_KVCOMM)
+    assert list(out.columns) == ["name", "reuse_rate", "accuracy", "prediction", "residual"]
+    assert out["prediction"].round(1).tolist() == [77.7, 77.8, 76.9, 75.3]
+    assert out["residual"].round(1).tolist() == [0.9, 1.6, 0.4, 0.0]
+    np.testing.assert_allclose(out["residual"], out["accuracy"] - out["prediction"])
+
+
+def test_line_residual_sign():
+    frame = pd.DataFrame(
+        {"name": ["above", "below"], "reuse_rate": [0.5, 0.5], "accuracy": [0.9, 0.6]}
+    )
+    out = line_residuals(frame, 0.8, 0.6, 1.0)  # line(0.5) = 0.7
+    assert out.loc[0, "residual"] == pytest.approx(0.2)
+    assert out.loc[1, "residual"] == pytest.approx(-0.1)
+
+
+def test_line_residuals_errors():
+    with pytest.raises(ValueError, match="triple"):
+        line_residuals([("a", 0.5)], 0.8, 0.6, 1.0)
+    with pytest.raises(ValueError, match="columns"):
+        line_residuals(pd.DataFrame({"name": ["a"], "rate": [0.1]}), 0.8, 0.6, 1.0)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        line_residuals([("a", 1.5, 0.7)], 0.8, 0.6, 1.0)
+
+
+# ---------------------------------------------------------------- paired_table
+
+
+def tidy(columns: dict[str, list[bool]]) -> pd.DataFrame:
+    """Tidy records from {condition: per-item correctness}, item ids 0..n-1."""
+    rows = [
+        {"item_id": i, "condition": cond, "correct": v}
+        for cond, vals in columns.items()
+        for i, v in enumerate(vals)
+    ]
+    return pd.DataFrame(rows)
+
+
+DENSE_COL = [True, True, True, True, False, True, False, True]
+KV_COL = [True, False, False, True, False, True, True, False]  # Dense-only: 1,2,7; KV-only: 6
+BCR_COL = [True, True, True, True, True, True, False, True]  # BCR-only: 4; Dense-only: none
+
+
+def test_paired_table_known_splits():
+    table = paired_table(tidy({"kvcomm": KV_COL, "dense": DENSE_COL, "bcr": BCR_COL}), "dense")
+    assert list(table.columns) == [
+        "condition", "n", "accuracy", "wilson_lo", "wilson_hi", "b", "c", "p_exact"
+    ]
+    assert table["condition"].tolist() == ["dense", "kvcomm", "bcr"]
+    assert table["n"].tolist() == [8, 8, 8]
+    assert table["accuracy"].tolist() == [6 / 8, 4 / 8, 7 / 8]
+    # b = row's condition right and reference wrong, c = the reverse
+    kv = table.set_index("condition").loc["kvcomm"]
+    assert (kv["b"], kv["c"]) == (1, 3)
+    assert kv["p_exact"] == pytest.approx(binom_two_sided(1, 3))
+    bcr = table.set_index("condition").loc["bcr"]
+    assert (bcr["b"], bcr["c"]) == (1, 0)
+    assert bcr["p_exact"] == pytest.approx(1.0)
+    lo, hi = wilson_closed_form(4, 8)
+    assert (kv["wilson_lo"], kv["wilson_hi"]) == pytest.approx((lo, hi), abs=1e-10)
+
+
+def test_paired_table_reference_row_has_no_split():
+    table = paired_table(tidy({"dense": DENSE_COL, "kvcomm": KV_COL}), "dense")
+    ref = table.iloc[0]
+    assert ref["condition"] == "dense"
+    assert pd.isna(ref["b"]) and pd.isna(ref["c"]) and math.isnan(ref["p_exact"])
+
+
+def test_paired_table_ignores_row_order_and_custom_columns():
+    records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL}).sample(frac=1, random_state=3)
+    records = records.rename(columns={"item_id": "q", "condition": "arm", "correct": "ok"})
+    table = paired_table(records, "dense", value="ok", item="q", condition="arm")
+    kv = table.set_index("condition").loc["kvcomm"]
+    assert (kv["b"], kv["c"]) == (1, 3)
+
+
+def test_paired_table_rejects_unpaired_items():
+    records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
+    records = records[~((records["condition"] == "kvcomm") & (records["item_id"] == 5))]
+    with pytest.raises(ValueError, match="unpaired"):
+        paired_table(records, "dense")
+
+
+def test_paired_table_rejects_repeated_cells():
+    records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
+    # The same items re-run in a second cell and stacked: must not be pooled.
+    pooled = pd.concat([records, records], ignore_index=True)
+    with pytest.raises(ValueError, match="pooled"):
+        paired_table(pooled, "dense")
+
+
+def test_paired_table_other_errors():
+    records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
+    with pytest.raises(ValueError, match="reference condition"):
+        paired_table(records, "bcr")
+    with pytest.raises(ValueError, match="lack columns"):
+        paired_table(records.drop(columns="correct"), "dense")
+    bad = records.copy()
+    bad["correct"] = bad["correct"].astype(object)
+    bad.loc[0, "correct"] = "yes"
+    with pytest.raises(ValueError, match="boolean"):
+        paired_table(bad, "dense")
