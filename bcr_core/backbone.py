@@ -35,6 +35,7 @@ class Generation:
     stopped: bool  # ended on a stop token (not included in `tokens`)
     first_token_at: float  # time.perf_counter() when the first token was known
     logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # per step, when kept
+    cache: DynamicCache | None = field(default=None, repr=False)  # the cache after decoding: prompt + output rows
 
 
 @dataclass
@@ -190,10 +191,10 @@ class Backbone:
             if keep_logits:
                 logits.append(step_logits.float())
             if forced is None and token in stop:
-                return Generation(tokens, True, first_token_at, logits)
+                return Generation(tokens, True, first_token_at, logits, cache)
             tokens.append(token)
             position += 1
-        return Generation(tokens, False, first_token_at or time.perf_counter(), logits)
+        return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
 
     # -- positions ------------------------------------------------------------------------
     def rerotate(self, keys: torch.Tensor, delta) -> torch.Tensor:

@@ -105,4 +105,4 @@ class KV:
     def from_cache(cache: DynamicCache, positions: torch.Tensor) -> KV:
         keys = torch.stack([layer.keys for layer in cache.layers])
         values = torch.stack([layer.values for layer in cache.layers])
-        return KV(keys, values, torch.as_tensor(positions, dtype=torch.long))
+        return KV(keys, values, torch.as_tensor(positions, dtype=torch.long, device=keys.device))

@@ -44,3 +44,28 @@ def real() -> Backbone:
 def random_ids(n: int, seed: int, vocab: int = 128) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(2, vocab, (n,), generator=generator).tolist()
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer():
+    """The embedded model's tokenizer (ChatML template), fetched with the model asset."""
+    from transformers import AutoTokenizer
+
+    from bcr_core.models import embedded_model_dir
+
+    return AutoTokenizer.from_pretrained(embedded_model_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_chat(chat_tokenizer) -> Backbone:
+    """A tiny random Llama speaking the real tokenizer's vocabulary: fast multi-agent pipelines."""
+    config = tiny_llama_config(
+        vocab_size=len(chat_tokenizer),
+        eos_token_id=chat_tokenizer.eos_token_id,
+        bos_token_id=chat_tokenizer.bos_token_id,
+        pad_token_id=chat_tokenizer.eos_token_id,
+        initializer_range=0.05,
+    )
+    bb = Backbone.from_config(config, device="cpu", dtype=torch.float32, seed=0)
+    bb.tokenizer = chat_tokenizer
+    return bb

@@ -1,0 +1,41 @@
+"""Fidelity to Dense (DESIGN §4): answer identity, first-token agreement, and the mean next-token
+KL(Dense || method) teacher-forced on Dense's output.
+
+Per call, in situ: the same prompt served by Dense and by the method, each from its own cache.
+Per item, across runs: the final answers of two conditions on the same item.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bcr_core.backbone import Backbone
+from bcr_core.serving import CallRecord
+
+
+def teacher_forced_kl(bb: Backbone, reference: tuple, candidate: tuple, tokens: list[int]) -> float:
+    """Mean over steps of KL(P_reference || P_candidate), both fed `tokens` after their last prompt id."""
+    tokens = list(tokens) or [bb.stop_ids[0]]
+    ref = torch.stack(bb.generate(*reference, 0, forced=tokens, keep_logits=True).logits)
+    cand = torch.stack(bb.generate(*candidate, 0, forced=tokens, keep_logits=True).logits)
+    log_p, log_q = ref.log_softmax(-1), cand.log_softmax(-1)
+    return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+
+
+def call_fidelity(bb: Backbone, dense: CallRecord, method: CallRecord) -> dict:
+    """Compare one call served two ways; both records must still hold their served caches."""
+    if dense.served is None or method.served is None:
+        raise ValueError("call_fidelity needs records that kept their caches (Pipeline.run(keep_caches=True))")
+    return {
+        "identical": method.output_tokens == dense.output_tokens,
+        "first_token_agree": method.output_tokens[:1] == dense.output_tokens[:1],
+        "kl": teacher_forced_kl(bb, dense.served, method.served, dense.output_tokens),
+    }
+
+
+def item_agreement(reference_text: str, text: str, extract=None) -> dict:
+    """Per item: final texts identical; and, given an answer extractor, extracted answers equal."""
+    out = {"text_identical": reference_text == text}
+    if extract is not None:
+        out["answer_identical"] = extract(reference_text) == extract(text)
+    return out

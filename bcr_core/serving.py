@@ -1,0 +1,197 @@
+"""Serving one agent call: Dense, token-matched Dense, or KVComm reuse.
+
+Every server returns a `CallRecord`. A served cache stops one token short of the prompt; the
+final prompt token is fed to `Backbone.generate`, so every method shares one decode path and
+TTFT (from before cache assembly to the first token) is comparable across them.
+
+KVComm (DESIGN §3): the call's cache is assembled from the node's exact prefix cache and, for
+each placeholder in order, the predicted cache of its value and of the template text after it,
+keys re-rotated to their offsets. If any placeholder fails the gate, the call is prefilled densely
+over the reuse path's ids (so segment boundaries are exact) and anchors are stored from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from bcr_core.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict
+from bcr_core.backbone import Backbone
+from bcr_core.kv import KV
+from bcr_core.prompts import Prompt, Segment, base_header, tokenize
+
+
+@dataclass
+class CallRecord:
+    node: str
+    role: str
+    condition: str
+    mode: str  # "dense" or "reuse"
+    reason: str  # "dense" for dense-only servers; else the gate's reason (first failing placeholder)
+    served_ids: list[int]  # the ids whose cache was served (dense path or reuse path)
+    dense_ids: list[int]
+    merged_ids: list[int]
+    output_tokens: list[int]
+    output_text: str
+    ttft_s: float
+    total_s: float
+    rows_recomputed: int = 0
+    repaired_rows: list[int] = field(default_factory=list)
+    segment_map: list[dict] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)
+    fidelity: dict = field(default_factory=dict)  # in-situ comparison with Dense on the same prompt, if asked
+    served: tuple[KV, int] | None = field(default=None, repr=False)  # (cache, last id); not serialised
+
+    def to_dict(self) -> dict:
+        record = asdict(self) | {"served": None}
+        del record["served"]
+        return record
+
+
+def decode_call(bb: Backbone, kv: KV, last_id: int, max_new_tokens: int, started: float):
+    """Greedy decoding from a served cache; TTFT and total seconds counted from `started`."""
+    generation = bb.generate(kv, last_id, max_new_tokens)
+    return generation, generation.first_token_at - started, time.perf_counter() - started
+
+
+class DenseServer:
+    """Prefill the whole prompt: the chat template's ids, or the reuse path's (token-matched)."""
+
+    def __init__(self, bb: Backbone, token_matched: bool = False):
+        self.bb = bb
+        self.token_matched = token_matched
+        self.name = "token-matched-dense" if token_matched else "dense"
+
+    def serve(self, prompt: Prompt, max_new_tokens: int) -> CallRecord:
+        ids = prompt.merged_ids if self.token_matched else prompt.dense_ids
+        started = time.perf_counter()
+        kv = self.bb.prefill(ids[:-1])
+        generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
+        return CallRecord(
+            prompt.template.node, prompt.template.role, self.name, "dense", "dense", ids, prompt.dense_ids,
+            prompt.merged_ids, generation.tokens, self.bb.decode(generation.tokens), ttft, total,
+            segment_map=prompt.segment_map(dense=not self.token_matched), served=(kv, ids[-1]),
+        )
+
+
+class SegmentCaches:
+    """Exact caches keyed by token content: node prefixes (at position 0) and base caches
+    (a segment behind the user-turn header alone, moved to position 0). A base is computed once
+    per distinct segment, when the segment is first seen, and shared by every call that uses it."""
+
+    def __init__(self, bb: Backbone, max_bases: int = 256):
+        self.bb = bb
+        self.header_ids = tokenize(bb.tokenizer, base_header(bb.tokenizer))
+        self.prefixes: dict[tuple[int, ...], KV] = {}
+        self.bases: OrderedDict[tuple[int, ...], KV] = OrderedDict()
+        self.max_bases = max_bases
+
+    def prefix(self, ids: list[int]) -> KV:
+        key = tuple(ids)
+        if key not in self.prefixes:
+            self.prefixes[key] = self.bb.prefill(ids)
+        return self.prefixes[key]
+
+    def base(self, ids: list[int]) -> KV:
+        key = tuple(ids)
+        if key in self.bases:
+            self.bases.move_to_end(key)
+            return self.bases[key]
+        h = len(self.header_ids)
+        base = self.bb.shift(self.bb.prefill(self.header_ids + list(ids)).slice(h), -h)
+        self.bases[key] = base
+        if len(self.bases) > self.max_bases:
+            self.bases.popitem(last=False)
+        return base
+
+    def prepare(self, prompt: Prompt) -> None:
+        """Compute the caches a call will read (outside its TTFT: the released code builds a
+        segment's base when the segment is produced, not when it is consumed)."""
+        self.prefix(prompt.segments[0].ids)
+        for segment in prompt.segments[1:]:
+            self.base(segment.ids)
+
+
+def placeholder_spans(prompt: Prompt) -> list[tuple[Segment, Segment | None, int]]:
+    """(value segment, the text segment after it or None, row offset of the value) in order."""
+    spans, offset, segments = [], len(prompt.segments[0].ids), prompt.segments
+    for i, segment in enumerate(segments):
+        if not segment.placeholder:
+            continue
+        after = segments[i + 1] if i + 1 < len(segments) and segments[i + 1].after == segment.name else None
+        spans.append((segment, after, offset))
+        offset += len(segment.ids) + (len(after.ids) if after else 0)
+    return spans
+
+
+class KVCommServer:
+    """The reuse baseline: anchor pool, entropy gate, offset prediction, dense fallback."""
+
+    def __init__(self, bb: Backbone, config: KVCommConfig = KVCommConfig(), name: str | None = None):
+        self.bb = bb
+        self.config = config
+        self.pool = AnchorPool(config)
+        self.caches = SegmentCaches(bb)
+        self.name = name or (f"kvcomm@{config.gamma:g}" if config.gamma != KVCommConfig.gamma else "kvcomm")
+
+    def serve(self, prompt: Prompt, max_new_tokens: int) -> CallRecord:
+        self.caches.prepare(prompt)
+        started = time.perf_counter()
+        decisions = self.gate(prompt)
+        if all(d.reuse for d in decisions):
+            for d in decisions:
+                self.pool.activate(d)
+            kv = self.assemble(prompt, decisions)
+            mode, reason = "reuse", REUSE
+        else:
+            kv = self.bb.prefill(prompt.merged_ids[:-1])
+            mode, reason = "dense", next(d.reason for d in decisions if not d.reuse)
+        last = prompt.merged_ids[-1]
+        generation, ttft, total = decode_call(self.bb, kv, last, max_new_tokens, started)
+        if mode == "dense":
+            self.store_anchors(prompt, generation.cache)
+        return CallRecord(
+            prompt.template.node, prompt.template.role, self.name, mode, reason, prompt.merged_ids,
+            prompt.dense_ids, prompt.merged_ids, generation.tokens, self.bb.decode(generation.tokens), ttft, total,
+            segment_map=prompt.segment_map(), decisions=[d.to_dict() for d in decisions], served=(kv, last),
+        )
+
+    def gate(self, prompt: Prompt) -> list[GateDecision]:
+        node = prompt.template.node
+        return [self.pool.decide(s.name, node, self.caches.base(s.ids)) for s, _, _ in placeholder_spans(prompt)]
+
+    def assemble(self, prompt: Prompt, decisions: list[GateDecision]) -> KV:
+        """Prefix (exact) + each placeholder's predicted value and following text, at their offsets;
+        one row short of the prompt."""
+        node = prompt.template.node
+        parts = [self.caches.prefix(prompt.segments[0].ids)]
+        for (segment, after, offset), decision in zip(placeholder_spans(prompt), decisions):
+            weights = [w for _, w in decision.chosen]
+            found = [a.deviations[node] for a, _ in decision.chosen]
+            value = predict(self.caches.base(segment.ids), [d.segment for d in found], weights)
+            parts.append(self.bb.shift(value, offset))
+            if after is not None:
+                text = predict(self.caches.base(after.ids), [d.after for d in found], weights)
+                parts.append(self.bb.shift(text, offset + len(segment.ids)))
+        return KV.cat(parts).truncate(len(prompt.merged_ids) - 1)
+
+    @torch.inference_mode()
+    def store_anchors(self, prompt: Prompt, cache) -> None:
+        """After a dense call: each placeholder's deviation (and its following text's) for this node,
+        read from the decode cache, which also holds the prompt's final row."""
+        n = len(prompt.merged_ids)
+        full = KV.from_cache(cache, torch.arange(cache.get_seq_length())).truncate(n)
+        node = prompt.template.node
+        for segment, after, offset in placeholder_spans(prompt):
+            base = self.caches.base(segment.ids)
+            real = self.bb.shift(full.slice(offset, offset + base.length), -offset)
+            after_deviation = None
+            if after is not None:
+                start = offset + base.length
+                after_base = self.caches.base(after.ids)
+                real_after = self.bb.shift(full.slice(start, start + after_base.length), -start)
+                after_deviation = deviation(real_after, after_base)
+            self.pool.store(segment.name, segment.text, base, node, Deviation(deviation(real, base), after_deviation))

@@ -1,0 +1,164 @@
+"""KVComm's anchor pool, gate and assembly."""
+
+import math
+
+import pytest
+import torch
+from scipy.stats import entropy
+
+from bcr_core.anchors import (ENTROPY, NO_ANCHORS, ONE_ANCHOR, REUSE, TOO_SHORT, AnchorPool, Deviation,
+                              KVCommConfig, top_p)
+from bcr_core.kv import KV
+from bcr_core.pipeline import Pipeline
+from bcr_core.serving import DenseServer, KVCommServer
+
+# --- the gate on hand-made caches ------------------------------------------------------------
+
+
+def fake_kv(values: torch.Tensor) -> KV:
+    return KV(values.clone(), values.clone(), torch.arange(values.shape[3]))
+
+
+def make_pool(config: KVCommConfig, anchor_values: list[torch.Tensor], node="agent_1") -> AnchorPool:
+    pool = AnchorPool(config)
+    for i, values in enumerate(anchor_values):
+        kv = fake_kv(values)
+        pool.store("user_question", f"segment {i}", kv, node, Deviation(kv, None))
+    return pool
+
+
+def close_anchor_family(seed: int, n: int = 4, rows: int = 5):
+    """A candidate and n anchors at small, different distances from it, so H(s) varies."""
+    g = torch.Generator().manual_seed(seed)
+    candidate = torch.randn(2, 1, 1, rows, 3, generator=g)
+    scales = torch.rand(n, generator=g) * 3
+    anchors = [candidate + s * torch.randn(candidate.shape, generator=g) / math.sqrt(candidate.numel()) for s in scales]
+    return candidate, anchors
+
+
+def expected_reason(candidate, anchors, gamma):
+    d = torch.stack([(a - candidate).flatten().double().norm() for a in anchors])
+    s = torch.softmax(-d, 0).numpy()
+    return REUSE if entropy(s, base=2) <= gamma * math.log2(len(anchors)) else ENTROPY
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gate_decision_matches_an_independent_computation(seed):
+    candidate, anchors = close_anchor_family(seed)
+    for gamma in (0.0, 0.3, 0.5, 0.7, 0.9, 1.0):
+        decision = make_pool(KVCommConfig(gamma=gamma), anchors).decide("user_question", "agent_1", fake_kv(candidate))
+        assert decision.reason == expected_reason(candidate, anchors, gamma)
+        assert decision.n_eligible == 4
+
+
+def test_entropy_rejections_fall_as_gamma_rises_and_vanish_at_one():
+    families = [close_anchor_family(seed) for seed in range(30)]
+    rejections = []
+    for gamma in (0.1, 0.3, 0.5, 0.7, 1.0):
+        pool = make_pool(KVCommConfig(gamma=gamma), families[0][1])
+        for candidate, anchors in families:
+            pool.pools["user_question"] = make_pool(pool.config, anchors).pools["user_question"]
+            pool.decide("user_question", "agent_1", fake_kv(candidate))
+        rejections.append(pool.counts[ENTROPY])
+    assert rejections == sorted(rejections, reverse=True)
+    assert rejections[0] > rejections[-2] > 0  # the sweep really moves the gate
+    assert rejections[-1] == 0  # gamma = 1 never refuses
+
+
+def test_one_or_no_anchor_falls_back_and_short_anchors_are_ineligible():
+    candidate, anchors = close_anchor_family(0, rows=5)
+    assert make_pool(KVCommConfig(gamma=1.0), []).decide("user_question", "agent_1", fake_kv(candidate)).reason == NO_ANCHORS
+    assert make_pool(KVCommConfig(gamma=1.0), anchors[:1]).decide("user_question", "agent_1", fake_kv(candidate)).reason == ONE_ANCHOR
+    short = [anchors[0], anchors[1][:, :, :, :4]]
+    decision = make_pool(KVCommConfig(gamma=1.0), short).decide("user_question", "agent_1", fake_kv(candidate))
+    assert (decision.reason, decision.n_pool, decision.n_eligible) == (TOO_SHORT, 2, 1)
+    other_node = make_pool(KVCommConfig(gamma=1.0), anchors, node="agent_2")
+    assert other_node.decide("user_question", "agent_1", fake_kv(candidate)).reason == NO_ANCHORS
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass():
+    chosen, weights = top_p(torch.tensor([0.05, 0.6, 0.3, 0.05]), 0.9)
+    assert chosen.tolist() == [1, 2]
+    assert torch.allclose(weights, torch.tensor([0.6, 0.3]) / 0.9)
+    chosen, _ = top_p(torch.tensor([0.95, 0.05]), 0.9)
+    assert chosen.tolist() == [0]
+
+
+def test_eviction_drops_the_least_activated_of_the_oldest():
+    config = KVCommConfig(max_anchors=4, eviction_window=3)
+    values = [torch.full((2, 1, 1, 3, 2), float(i)) for i in range(4)]
+    pool = make_pool(config, values)
+    for anchor, activations in zip(pool.anchors("user_question"), [5, 1, 2, 0]):
+        anchor.activations = activations
+    # the 4th anchor has the fewest activations, but only the 3 oldest are candidates: evict #2 (1 activation)
+    pool.store("user_question", "new", fake_kv(values[0]), "agent_1", Deviation(fake_kv(values[0]), None))
+    assert [a.text for a in pool.anchors("user_question")] == ["segment 0", "segment 2", "segment 3", "new"]
+    for anchor in pool.anchors("user_question"):
+        anchor.activations = 0
+    pool.store("user_question", "newer", fake_kv(values[0]), "agent_1", Deviation(fake_kv(values[0]), None))
+    assert [a.text for a in pool.anchors("user_question")][0] == "segment 2"  # tie: the oldest goes
+
+
+def test_config_rejects_out_of_range_values():
+    with pytest.raises(ValueError, match="gamma"):
+        KVCommConfig(gamma=1.5)
+    with pytest.raises(ValueError, match="top_p"):
+        KVCommConfig(top_p=0.0)
+
+
+# --- the server on a tiny model with the real tokenizer ----------------------------------------
+
+QUESTIONS = [
+    "Ann has 12 marbles and gives away 5. How many are left?",
+    "A train travels 60 miles per hour for 3 hours. How far does it go?",
+    "Sam reads 15 pages a day. How many pages does he read in a week?",
+    "A box holds 8 pens. How many pens are in 6 boxes?",
+]
+
+
+def run_all(bb, server, questions, tokens=6):
+    pipeline = Pipeline(bb, "gsm8k", n_agents=2, max_new_tokens=tokens)
+    return [pipeline.run(server, str(i), q, keep_caches=True) for i, q in enumerate(questions)]
+
+
+def test_warm_up_then_reuse_and_gamma_one_never_refuses(tiny_chat):
+    server = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    records = run_all(tiny_chat, server, QUESTIONS)
+    first_two = [c for r in records[:2] for c in r.calls]
+    assert all(c.mode == "dense" and c.reason in (NO_ANCHORS, ONE_ANCHOR) for c in first_two)
+    assert server.pool.counts[ENTROPY] == 0
+    decided = [d for r in records for c in r.calls for d in c.decisions]
+    assert all(d["reason"] == REUSE for d in decided if d["n_eligible"] >= 2)
+    assert any(c.mode == "reuse" for c in records[3].calls)
+
+
+def test_assembled_cache_is_exact_at_layer_zero_and_predicted_above(tiny_chat):
+    server = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    records = run_all(tiny_chat, server, QUESTIONS)
+    call = next(c for c in records[3].calls if c.mode == "reuse")
+    served, last = call.served
+    dense = tiny_chat.prefill(call.merged_ids[:-1])
+    assert last == call.merged_ids[-1] and served.length == len(call.merged_ids) - 1
+    assert torch.equal(served.positions, dense.positions)
+    assert torch.allclose(served.keys[0], dense.keys[0], atol=1e-5)
+    assert torch.allclose(served.values[0], dense.values[0], atol=1e-5)
+    assert not torch.allclose(served.values[1:], dense.values[1:], atol=1e-3)
+    assert call.rows_recomputed == 0
+
+
+def test_replaying_a_seen_request_reproduces_token_matched_dense(tiny_chat):
+    """The anchor of an identical segment carries its exact deviation; distances to other
+    questions are large, so its softmax weight is ~1 and the prediction is the real cache."""
+    server = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    seen = run_all(tiny_chat, server, [QUESTIONS[0], QUESTIONS[1], QUESTIONS[3]])
+    for node in range(2):  # precondition: no two requests share an agent output, so no anchor is ambiguous
+        assert len({r.calls[node].output_text for r in seen}) == 3
+    (replay,) = run_all(tiny_chat, server, QUESTIONS[:1])
+    token_matched = run_all(tiny_chat, DenseServer(tiny_chat, token_matched=True), QUESTIONS[:1])[0]
+    for call, reference in zip(replay.calls, token_matched.calls):
+        assert call.mode == "reuse"
+        served, _ = call.served
+        exact, _ = reference.served
+        assert torch.allclose(served.keys, exact.keys, atol=1e-4)
+        assert torch.allclose(served.values, exact.values, atol=1e-4)
+        assert call.output_tokens == reference.output_tokens
