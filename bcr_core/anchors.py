@@ -51,7 +51,7 @@ class Deviation:
 
 @dataclass
 class Anchor:
-    text: str
+    key: tuple[int, ...]  # the segment's token ids
     length: int
     base_values: torch.Tensor  # (L, B, H, length, D)
     deviations: dict[str, Deviation] = field(default_factory=dict)  # node -> deviation
@@ -145,20 +145,20 @@ class AnchorPool:
         for anchor, _ in decision.chosen:
             anchor.activations += 1
 
-    def store(self, placeholder: str, text: str, base: KV, node: str, deviation: Deviation) -> Anchor:
+    def store(self, placeholder: str, key: tuple[int, ...], base: KV, node: str, deviation: Deviation) -> Anchor:
         """Record a node's deviation for a segment, creating its anchor (and evicting) if new.
 
         The nodes of one request that read the same segment share one anchor. A node that already
-        holds a deviation for this text saw it in another context (a later request with the same
+        holds a deviation for these ids saw them in another context (a later request with the same
         text), so that occurrence starts a new anchor instead of overwriting the old one.
         """
         pool = self.pools.setdefault(placeholder, [])
-        anchor = next((a for a in reversed(pool) if a.text == text and node not in a.deviations), None)
+        anchor = next((a for a in reversed(pool) if a.key == key and node not in a.deviations), None)
         if anchor is None:
             if len(pool) >= self.config.max_anchors:
                 self.evict(placeholder)
             self._serial += 1
-            anchor = Anchor(text, base.length, base.values, serial=self._serial)
+            anchor = Anchor(key, base.length, base.values, serial=self._serial)
             pool.append(anchor)
         anchor.deviations[node] = deviation
         return anchor

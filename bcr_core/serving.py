@@ -21,7 +21,7 @@ import torch
 from bcr_core.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict
 from bcr_core.backbone import Backbone
 from bcr_core.kv import KV
-from bcr_core.prompts import Prompt, Segment, base_header, tokenize
+from bcr_core.prompts import Prompt, base_header, tokenize
 
 
 @dataclass
@@ -115,16 +115,18 @@ class SegmentCaches:
             self.base(segment.ids)
 
 
-def placeholder_spans(prompt: Prompt) -> list[tuple[Segment, Segment | None, int]]:
-    """(value segment, the text segment after it or None, row offset of the value) in order."""
-    spans, offset, segments = [], len(prompt.segments[0].ids), prompt.segments
-    for i, segment in enumerate(segments):
-        if not segment.placeholder:
-            continue
-        after = segments[i + 1] if i + 1 < len(segments) and segments[i + 1].after == segment.name else None
-        spans.append((segment, after, offset))
-        offset += len(segment.ids) + (len(after.ids) if after else 0)
+def placeholder_spans(segment_map: list[dict]) -> list[tuple[dict, dict | None]]:
+    """(value span, the span of the template text after it or None), in prompt order."""
+    spans = []
+    for i, span in enumerate(segment_map):
+        if span["placeholder"]:
+            nxt = segment_map[i + 1] if i + 1 < len(segment_map) else None
+            spans.append((span, nxt if nxt is not None and nxt["name"] == f"after:{span['name']}" else None))
     return spans
+
+
+def rows(ids: list[int], span: dict) -> list[int]:
+    return ids[span["start"] : span["stop"]]
 
 
 class KVCommServer:
@@ -139,59 +141,68 @@ class KVCommServer:
 
     def serve(self, prompt: Prompt, max_new_tokens: int) -> CallRecord:
         self.caches.prepare(prompt)
+        ids, spans, node = prompt.merged_ids, prompt.segment_map(), prompt.template.node
         started = time.perf_counter()
-        decisions = self.gate(prompt)
+        decisions = self.gate(ids, spans, node)
         if all(d.reuse for d in decisions):
             for d in decisions:
                 self.pool.activate(d)
-            kv = self.assemble(prompt, decisions)
+            kv = self.assemble(ids, spans, node, decisions)
             mode, reason = "reuse", REUSE
         else:
-            kv = self.bb.prefill(prompt.merged_ids[:-1])
+            kv = self.bb.prefill(ids[:-1])
             mode, reason = "dense", next(d.reason for d in decisions if not d.reuse)
-        last = prompt.merged_ids[-1]
-        generation, ttft, total = decode_call(self.bb, kv, last, max_new_tokens, started)
+        generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
         if mode == "dense":
-            self.store_anchors(prompt, generation.cache)
+            full = KV.from_cache(generation.cache, torch.arange(generation.cache.get_seq_length())).truncate(len(ids))
+            self.store_anchors(ids, spans, node, full)
         return CallRecord(
-            prompt.template.node, prompt.template.role, self.name, mode, reason, prompt.merged_ids,
-            prompt.dense_ids, prompt.merged_ids, generation.tokens, self.bb.decode(generation.tokens), ttft, total,
-            segment_map=prompt.segment_map(), decisions=[d.to_dict() for d in decisions], served=(kv, last),
+            node, prompt.template.role, self.name, mode, reason, ids, prompt.dense_ids, ids, generation.tokens,
+            self.bb.decode(generation.tokens), ttft, total, segment_map=spans,
+            decisions=[d.to_dict() for d in decisions], served=(kv, ids[-1]),
         )
 
-    def gate(self, prompt: Prompt) -> list[GateDecision]:
-        node = prompt.template.node
-        return [self.pool.decide(s.name, node, self.caches.base(s.ids)) for s, _, _ in placeholder_spans(prompt)]
+    def gate(self, ids: list[int], spans: list[dict], node: str) -> list[GateDecision]:
+        return [self.pool.decide(v["name"], node, self.caches.base(rows(ids, v))) for v, _ in placeholder_spans(spans)]
 
-    def assemble(self, prompt: Prompt, decisions: list[GateDecision]) -> KV:
-        """Prefix (exact) + each placeholder's predicted value and following text, at their offsets;
-        one row short of the prompt."""
-        node = prompt.template.node
-        parts = [self.caches.prefix(prompt.segments[0].ids)]
-        for (segment, after, offset), decision in zip(placeholder_spans(prompt), decisions):
+    def assemble(self, ids: list[int], spans: list[dict], node: str, decisions: list[GateDecision]) -> KV:
+        """Prefix (exact) + each placeholder's predicted value and following text, keys re-rotated
+        to their offsets; one row short of the prompt."""
+        parts = [self.caches.prefix(rows(ids, spans[0]))]
+        for (value, after), decision in zip(placeholder_spans(spans), decisions):
             weights = [w for _, w in decision.chosen]
             found = [a.deviations[node] for a, _ in decision.chosen]
-            value = predict(self.caches.base(segment.ids), [d.segment for d in found], weights)
-            parts.append(self.bb.shift(value, offset))
+            predicted = predict(self.caches.base(rows(ids, value)), [d.segment for d in found], weights)
+            parts.append(self.bb.shift(predicted, value["start"]))
             if after is not None:
-                text = predict(self.caches.base(after.ids), [d.after for d in found], weights)
-                parts.append(self.bb.shift(text, offset + len(segment.ids)))
-        return KV.cat(parts).truncate(len(prompt.merged_ids) - 1)
+                predicted = predict(self.caches.base(rows(ids, after)), [d.after for d in found], weights)
+                parts.append(self.bb.shift(predicted, after["start"]))
+        return KV.cat(parts).truncate(len(ids) - 1)
 
     @torch.inference_mode()
-    def store_anchors(self, prompt: Prompt, cache) -> None:
-        """After a dense call: each placeholder's deviation (and its following text's) for this node,
-        read from the decode cache, which also holds the prompt's final row."""
-        n = len(prompt.merged_ids)
-        full = KV.from_cache(cache, torch.arange(cache.get_seq_length())).truncate(n)
-        node = prompt.template.node
-        for segment, after, offset in placeholder_spans(prompt):
-            base = self.caches.base(segment.ids)
-            real = self.bb.shift(full.slice(offset, offset + base.length), -offset)
+    def store_anchors(self, ids: list[int], spans: list[dict], node: str, full: KV) -> None:
+        """After a dense prefill of the whole prompt: each placeholder's deviation, and its
+        following text's, for this node (Equation 1), in the base caches' frame."""
+        for value, after in placeholder_spans(spans):
+            base = self.caches.base(rows(ids, value))
+            real = self.bb.shift(full.slice(value["start"], value["stop"]), -value["start"])
             after_deviation = None
             if after is not None:
-                start = offset + base.length
-                after_base = self.caches.base(after.ids)
-                real_after = self.bb.shift(full.slice(start, start + after_base.length), -start)
+                after_base = self.caches.base(rows(ids, after))
+                real_after = self.bb.shift(full.slice(after["start"], after["stop"]), -after["start"])
                 after_deviation = deviation(real_after, after_base)
-            self.pool.store(segment.name, segment.text, base, node, Deviation(deviation(real, base), after_deviation))
+            self.pool.store(value["name"], tuple(rows(ids, value)), base, node, Deviation(deviation(real, base), after_deviation))
+
+    def replay(self, call: dict) -> None:
+        """Bring the pool to the state serving `call` left it in, without decoding (for resuming a
+        run): count its decisions, re-activate the anchors a reuse call used, and re-store the
+        anchors a dense call produced."""
+        for decision in call["decisions"]:
+            self.pool.counts[decision["reason"]] += 1
+        if call["mode"] == "reuse":
+            for decision in call["decisions"]:
+                for anchor in self.pool.anchors(decision["placeholder"]):
+                    anchor.activations += anchor.serial in decision["anchors"]
+        else:
+            ids = call["merged_ids"]
+            self.store_anchors(ids, call["segment_map"], call["node"], self.bb.prefill(ids))

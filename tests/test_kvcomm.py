@@ -23,7 +23,7 @@ def make_pool(config: KVCommConfig, anchor_values: list[torch.Tensor], node="age
     pool = AnchorPool(config)
     for i, values in enumerate(anchor_values):
         kv = fake_kv(values)
-        pool.store("user_question", f"segment {i}", kv, node, Deviation(kv, None))
+        pool.store("user_question", (i,), kv, node, Deviation(kv, None))
     return pool
 
 
@@ -91,12 +91,12 @@ def test_eviction_drops_the_least_activated_of_the_oldest():
     for anchor, activations in zip(pool.anchors("user_question"), [5, 1, 2, 0]):
         anchor.activations = activations
     # the 4th anchor has the fewest activations, but only the 3 oldest are candidates: evict #2 (1 activation)
-    pool.store("user_question", "new", fake_kv(values[0]), "agent_1", Deviation(fake_kv(values[0]), None))
-    assert [a.text for a in pool.anchors("user_question")] == ["segment 0", "segment 2", "segment 3", "new"]
+    pool.store("user_question", (100,), fake_kv(values[0]), "agent_1", Deviation(fake_kv(values[0]), None))
+    assert [a.key for a in pool.anchors("user_question")] == [(0,), (2,), (3,), (100,)]
     for anchor in pool.anchors("user_question"):
         anchor.activations = 0
-    pool.store("user_question", "newer", fake_kv(values[0]), "agent_1", Deviation(fake_kv(values[0]), None))
-    assert [a.text for a in pool.anchors("user_question")][0] == "segment 2"  # tie: the oldest goes
+    pool.store("user_question", (101,), fake_kv(values[0]), "agent_1", Deviation(fake_kv(values[0]), None))
+    assert [a.key for a in pool.anchors("user_question")][0] == (2,)  # tie: the oldest goes
 
 
 def test_config_rejects_out_of_range_values():
@@ -162,3 +162,22 @@ def test_replaying_a_seen_request_reproduces_token_matched_dense(tiny_chat):
         assert torch.allclose(served.keys, exact.keys, atol=1e-4)
         assert torch.allclose(served.values, exact.values, atol=1e-4)
         assert call.output_tokens == reference.output_tokens
+
+
+def test_replaying_records_restores_the_pool_exactly(tiny_chat):
+    """Resuming a run: a fresh server fed the recorded calls continues as the original would."""
+    import json
+
+    original = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    records = run_all(tiny_chat, original, QUESTIONS[:3] + [QUESTIONS[0]])
+    resumed = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    for record in records:
+        for call in record.calls:
+            resumed.replay(json.loads(json.dumps(call.to_dict())))
+    assert resumed.pool.counts == original.pool.counts
+    state = lambda s: [(p, a.serial, a.key, a.activations, sorted(a.deviations)) for p, pool in s.pool.pools.items() for a in pool]
+    assert state(resumed) == state(original)
+    assert any(activations for _, _, _, activations, _ in state(original))  # the replay had reuse to restore
+    (a,) = run_all(tiny_chat, original, QUESTIONS[3:])
+    (b,) = run_all(tiny_chat, resumed, QUESTIONS[3:])
+    assert [c.to_dict() | {"ttft_s": 0, "total_s": 0} for c in a.calls] == [c.to_dict() | {"ttft_s": 0, "total_s": 0} for c in b.calls]
