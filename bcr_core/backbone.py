@@ -131,6 +131,12 @@ class Backbone:
         return KV.from_cache(cache, positions)
 
     @torch.inference_mode()
+    def prefill_layers(self, ids, positions=None, layers: int = 2) -> KV:
+        """A dense prefill through the first `layers` layers only (CacheBlend's layer-1 probe)."""
+        with self.first_layers(layers):
+            return self.prefill(ids, positions)
+
+    @torch.inference_mode()
     def repair(self, kv: KV, ids, rows) -> KV:
         """Recompute `rows` of `kv` exactly (Algorithm 1); every other row is returned bit-identical.
 
@@ -227,6 +233,19 @@ class Backbone:
             raise ValueError(f"rows to repair must lie in [0, {length}); got {int(rows.min())}..{int(rows.max())}")
         rows = rows.unique(sorted=True)
         return rows
+
+    @contextlib.contextmanager
+    def first_layers(self, n: int):
+        """Temporarily run only the first n decoder layers (HF's forward reads config.num_hidden_layers)."""
+        base, total = self.model.base_model, self.config.num_hidden_layers
+        if not 1 <= n <= total:
+            raise ValueError(f"layers must lie in [1, {total}], got {n}")
+        layers = base.layers
+        base.layers, self.config.num_hidden_layers = layers[:n], n
+        try:
+            yield
+        finally:
+            base.layers, self.config.num_hidden_layers = layers, total
 
     @contextlib.contextmanager
     def attention_implementation(self, name: str):

@@ -57,6 +57,15 @@ def decode_call(bb: Backbone, kv: KV, last_id: int, max_new_tokens: int, started
     return generation, generation.first_token_at - started, time.perf_counter() - started
 
 
+@dataclass
+class Served:
+    kv: KV  # the cache decoding started from
+    tokens: list[int]
+    ttft: float
+    total: float
+    repaired_rows: list[int] = field(default_factory=list)
+
+
 class DenseServer:
     """Prefill the whole prompt: the chat template's ids, or the reuse path's (token-matched)."""
 
@@ -144,23 +153,39 @@ class KVCommServer:
         ids, spans, node = prompt.merged_ids, prompt.segment_map(), prompt.template.node
         started = time.perf_counter()
         decisions = self.gate(ids, spans, node)
-        if all(d.reuse for d in decisions):
-            for d in decisions:
-                self.pool.activate(d)
-            kv = self.assemble(ids, spans, node, decisions)
-            mode, reason = "reuse", REUSE
-        else:
+        reason = self.allocate(decisions, node)
+        served = None
+        if reason == REUSE:
+            served = self.serve_assembled(self.assemble(ids, spans, node, decisions), ids, max_new_tokens, started)
+            if served is None:
+                reason = self.refusal
+            else:
+                for d in decisions:
+                    self.pool.activate(d)
+        if served is None:
             kv = self.bb.prefill(ids[:-1])
-            mode, reason = "dense", next(d.reason for d in decisions if not d.reuse)
-        generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
-        if mode == "dense":
+            generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
             full = KV.from_cache(generation.cache, torch.arange(generation.cache.get_seq_length())).truncate(len(ids))
             self.store_anchors(ids, spans, node, full)
+            served = Served(kv, generation.tokens, ttft, total)
         return CallRecord(
-            node, prompt.template.role, self.name, mode, reason, ids, prompt.dense_ids, ids, generation.tokens,
-            self.bb.decode(generation.tokens), ttft, total, segment_map=spans,
-            decisions=[d.to_dict() for d in decisions], served=(kv, ids[-1]),
+            node, prompt.template.role, self.name, "reuse" if reason == REUSE else "dense", reason, ids,
+            prompt.dense_ids, ids, served.tokens, self.bb.decode(served.tokens), served.ttft, served.total,
+            rows_recomputed=len(served.repaired_rows), repaired_rows=served.repaired_rows, segment_map=spans,
+            decisions=[d.to_dict() for d in decisions], served=(served.kv, ids[-1]),
         )
+
+    # -- hooks for the policies built on this server ----------------------------------------
+    refusal = "refused"  # the reason recorded when serve_assembled declines the assembled cache
+
+    def allocate(self, decisions: list[GateDecision], node: str) -> str:
+        """The call's reason: reuse iff every placeholder passed the gate."""
+        return next((d.reason for d in decisions if not d.reuse), REUSE)
+
+    def serve_assembled(self, kv: KV, ids: list[int], max_new_tokens: int, started: float) -> Served | None:
+        """Decode from the assembled cache as it is (KVComm). None sends the call to the dense path."""
+        generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
+        return Served(kv, generation.tokens, ttft, total)
 
     def gate(self, ids: list[int], spans: list[dict], node: str) -> list[GateDecision]:
         return [self.pool.decide(v["name"], node, self.caches.base(rows(ids, v))) for v, _ in placeholder_spans(spans)]

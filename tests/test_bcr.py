@@ -1,0 +1,128 @@
+"""BCR and its controls on the tiny model with the real tokenizer."""
+
+import pytest
+import torch
+
+from bcr_core.anchors import KVCommConfig
+from bcr_core.conditions import make_server, parse
+from bcr_core.pipeline import Pipeline
+from bcr_core.selectors import CacheBlendSelector, CoinSelector
+from bcr_core.serving import DenseServer, KVCommServer
+
+STORY = ("The harbour town kept a ledger of every ship that arrived, with the captain's name, the cargo, the "
+         "number of crates and the day of arrival, and the clerks copied each line twice so that nothing was lost. "
+         "In the winter the ledger was kept by the harbour master himself, who wrote slowly and checked every sum. ")
+QUESTIONS = [STORY + f"On day {d}, how many crates did the ship carrying {c} unload?" for d, c in
+             [(3, "salt"), (5, "wool"), (8, "tea"), (2, "iron"), (9, "rice")]]
+
+
+def run(bb, server, questions, tokens=5):
+    pipeline = Pipeline(bb, "gsm8k", n_agents=2, max_new_tokens=tokens)
+    return [pipeline.run(server, str(i), q, keep_caches=True) for i, q in enumerate(questions)]
+
+
+@pytest.mark.parametrize("condition", ["bcr-chunk@1", "bcr-grow@1", "bcr-single@1", "coin-chunk@1",
+                                       "coin-single@1", "cacheblend-cost@1"])
+def test_full_budget_reproduces_token_matched_dense(tiny_chat, condition):
+    server = make_server(tiny_chat, condition + ":gamma=1")
+    records = run(tiny_chat, server, QUESTIONS[:4])
+    reference = run(tiny_chat, DenseServer(tiny_chat, token_matched=True), QUESTIONS[:4])
+    repaired = [(c, r) for rec, ref in zip(records, reference) for c, r in zip(rec.calls, ref.calls) if c.mode == "reuse"]
+    assert repaired, "the warm-up never ended: no call was served from an assembled cache"
+    for call, dense in repaired:
+        assert call.rows_recomputed == len(call.merged_ids) - 1 >= 128
+        assert torch.allclose(call.served[0].values, dense.served[0].values, atol=1e-4)
+        assert call.output_tokens == dense.output_tokens
+
+
+def test_budget_and_skip_rule_in_the_records(tiny_chat):
+    records = run(tiny_chat, make_server(tiny_chat, "bcr-single@0.2:gamma=1"), QUESTIONS[:4])
+    for call in (c for r in records for c in r.calls):
+        m = len(call.merged_ids) - 1
+        expected = round(0.2 * m) if call.mode == "reuse" else 0
+        assert call.rows_recomputed == expected == len(call.repaired_rows)
+    chunk = run(tiny_chat, make_server(tiny_chat, "bcr-chunk@0.2:gamma=1"), QUESTIONS[:4])
+    assert all(c.rows_recomputed == 0 for r in chunk for c in r.calls)  # rho * M < 64: every call skips
+
+
+def test_repair_at_partial_budget_moves_the_cache_towards_dense(tiny_chat):
+    records = run(tiny_chat, make_server(tiny_chat, "bcr-single@0.5:gamma=1"), QUESTIONS[:4])
+    plain = run(tiny_chat, KVCommServer(tiny_chat, KVCommConfig(gamma=1.0)), QUESTIONS[:4])
+    call, unrepaired = next((c, p) for r, q in zip(records, plain) for c, p in zip(r.calls, q.calls) if c.mode == "reuse")
+    dense = tiny_chat.prefill(call.merged_ids[:-1])
+    err = lambda kv: float((kv.values - dense.values).norm())
+    assert err(call.served[0]) < err(unrepaired.served[0])
+    assert call.merged_ids == unrepaired.merged_ids  # the first reuse call: the same prompt both ways
+    kept = torch.tensor([j for j in range(len(call.merged_ids) - 1) if j not in call.repaired_rows])
+    assert torch.equal(call.served[0].select(kept).values, unrepaired.served[0].select(kept).values)
+
+
+def test_coin_stream_is_reproducible_and_seeded():
+    a, b, c = CoinSelector(seed=1), CoinSelector(seed=1), CoinSelector(seed=2)
+    first = a.draw(100)
+    assert torch.equal(first, b.draw(100))
+    assert not torch.equal(first, c.draw(100))
+    assert not torch.equal(first, a.draw(100))  # the stream advances
+
+
+def test_coin_condition_repeats_under_the_same_seed_only(tiny_chat):
+    rows = lambda spec: [c.repaired_rows for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls]
+    same = rows("coin-single@0.3:gamma=1,seed=4")
+    assert any(same) and same == rows("coin-single@0.3:gamma=1,seed=4")
+    assert same != rows("coin-single@0.3:gamma=1,seed=5")
+
+
+def test_cacheblend_ranks_rows_by_their_layer_one_value_deviation(tiny_chat):
+    ids = tiny_chat.tokenizer(QUESTIONS[0])["input_ids"]
+    dense = tiny_chat.prefill(ids)
+    broken_rows = torch.tensor([7, 30, 31])
+    values = dense.values.clone()
+    values[1, :, :, broken_rows] += 0.5
+    scores = CacheBlendSelector().scores(tiny_chat, type(dense)(dense.keys, values, dense.positions), ids, 0)
+    assert sorted(scores.argsort(descending=True)[:3].tolist()) == broken_rows.tolist()
+    assert float(scores[torch.tensor([0, 1, 2])].max()) < 1e-4  # untouched rows: fresh == cached
+
+
+def test_opengate_at_theta_zero_is_plain_reuse(tiny_chat):
+    """App. I's plumbing control: draft-then-continue equals single-pass decoding."""
+    gate = run(tiny_chat, make_server(tiny_chat, "opengate@0"), QUESTIONS, tokens=8)
+    plain = run(tiny_chat, make_server(tiny_chat, "kvcomm@1"), QUESTIONS, tokens=8)
+    assert any(c.mode == "reuse" for r in gate for c in r.calls)
+    for a, b in zip(gate, plain):
+        assert [(c.mode, c.output_tokens) for c in a.calls] == [(c.mode, c.output_tokens) for c in b.calls]
+
+
+def test_opengate_at_theta_one_refuses_and_leaves_no_activation(tiny_chat):
+    server = make_server(tiny_chat, "opengate@1")
+    records = run(tiny_chat, server, QUESTIONS, tokens=4)
+    calls = [c for r in records for c in r.calls]
+    assert all(c.mode == "dense" for c in calls)
+    assert any(c.reason == "low_confidence" for c in calls)
+    assert all(a.activations == 0 for pool in server.pool.pools.values() for a in pool)
+
+
+def test_allocation_policies_force_dense_where_they_say(tiny_chat):
+    root = run(tiny_chat, make_server(tiny_chat, "protect-root:gamma=1"), QUESTIONS)
+    leaf = run(tiny_chat, make_server(tiny_chat, "protect-leaf:gamma=1"), QUESTIONS)
+    assert all(r.calls[0].mode == "dense" for r in root) and any(r.calls[-1].mode == "reuse" for r in root)
+    assert all(r.calls[-1].mode == "dense" for r in leaf) and any(r.calls[0].mode == "reuse" for r in leaf)
+    never = run(tiny_chat, make_server(tiny_chat, "random-alloc@1:gamma=1"), QUESTIONS)
+    assert all(c.mode == "dense" for r in never for c in r.calls)
+    assert any(c.reason == "coin" for r in never for c in r.calls)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("bcr-chunk@1.5", r"rho must lie in \[0, 1\]"),
+    ("cacheblend-reuse", "paired BCR-chunk reuse rate"),
+    ("opengate@2", r"theta must lie in \[0, 1\]"),
+    ("kvcomm@-1", r"gamma must lie in \[0, 1\]"),
+    ("bcr-tile", "unknown condition 'bcr-tile'"),
+])
+def test_bad_conditions_are_clear_errors(tiny_chat, spec, message):
+    with pytest.raises(ValueError, match=message):
+        make_server(tiny_chat, spec)
+
+
+def test_condition_labels_round_trip():
+    assert parse("kvcomm@0.5").label == "kvcomm@0.5"
+    assert parse("coin-chunk@0.3:seed=2").label == "coin-chunk@0.3:seed=2"
