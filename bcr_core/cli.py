@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from bcr_core.models import DEFAULT_MODEL, ModelError
 
@@ -57,6 +58,46 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
+    """Coin conditions without a seed run once per seed in --seeds; everything else once."""
+    if not seeds:
+        return conditions
+    out = []
+    for spec in conditions:
+        if spec.startswith("coin-") and "seed=" not in spec:
+            out += [f"{spec}{',' if ':' in spec else ':'}seed={s}" for s in seeds]
+        else:
+            out.append(spec)
+    return out
+
+
+def cmd_run(args) -> int:
+    import pandas as pd
+
+    from bcr_core.runner import Cell, run_cell, summarize
+
+    conditions = expand_seeds(split_list(args.conditions, str), split_list(args.seeds, int) if args.seeds else None)
+    extra = {"seed": args.item_seed} if args.benchmark == "synthetic" else {}
+    cell = Cell(args.benchmark, args.agents, tuple(conditions), args.n, args.max_new_tokens, args.pinned,
+                args.model, args.reference, extra)
+    items = run_cell(load_backbone(args), cell, args.out, progress=True)
+    table = summarize(items, reference=args.reference)
+    (args.out / "summary.csv").write_text(table.to_csv(index=False))
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        with pd.option_context("display.width", 200, "display.max_columns", 20):
+            print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    return 0
+
+
+def split_list(text: str, kind):
+    try:
+        return [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a comma-separated list of {kind.__name__}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bcr_core.verify import DEFAULT_PROMPT
 
@@ -73,6 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--new-tokens", type=int, default=48)
     add_common(demo)
     demo.set_defaults(run=cmd_demo)
+    run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
+    run.add_argument("--benchmark", required=True, choices=["gsm8k", "mmlu", "humaneval", "synthetic"])
+    run.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
+    run.add_argument("--conditions", required=True,
+                     help="comma-separated, e.g. dense,kvcomm,bcr-chunk,coin-chunk@0.2:seed=1 (see bcr_core.conditions)")
+    run.add_argument("--n", type=int, required=True, help="number of items (the first n, same for every condition)")
+    run.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
+    run.add_argument("--pinned", default=None, help="give every agent this role instead of cycling roles")
+    run.add_argument("--seeds", default=None, help="comma-separated seeds: coin conditions run once per seed")
+    run.add_argument("--max-new-tokens", type=int, default=512)
+    run.add_argument("--reference", default=None, help="condition the b/c splits are taken against (default kvcomm)")
+    run.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
+    add_common(run)
+    run.set_defaults(run=cmd_run)
     return parser
 
 

@@ -82,7 +82,7 @@ COPY = RoleSet(
     final_instruction="Repeat the text exactly.",
 )
 
-LOOKUP = RoleSet(
+SYNTHETIC = RoleSet(
     roles={
         "Record Keeper": "You are a record keeper. Find the requested record in the list and report its value.",
         "Auditor": "You are an auditor. Check the list and the other answers, and report the value the list "
@@ -94,7 +94,7 @@ LOOKUP = RoleSet(
     final_instruction="Answer with the value only.",
 )
 
-ROLE_SETS = {"gsm8k": GSM8K, "mmlu": MMLU, "humaneval": HUMANEVAL, "copy": COPY, "lookup": LOOKUP}
+ROLE_SETS = {"gsm8k": GSM8K, "mmlu": MMLU, "humaneval": HUMANEVAL, "copy": COPY, "synthetic": SYNTHETIC}
 
 
 def role_set(benchmark: str) -> RoleSet:

@@ -1,0 +1,178 @@
+"""The experiment runner: one grid cell (benchmark x agent count) under several conditions.
+
+Every condition sees the same items in the same order. Items run one at a time under every
+condition in turn, so an interrupted run still holds paired results. Per-item and per-call records
+are appended to `items.jsonl` and `calls.jsonl` as each item finishes; a rerun with the same
+settings skips finished items, replaying their recorded calls into the stateful servers (KVComm's
+anchor pool, BCR's coin stream) so the rest of the run continues exactly as it would have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from bcr_core import tasks
+from bcr_core.conditions import make_server, parse
+from bcr_core.pipeline import Pipeline
+from bcr_core.stats import discordant, mcnemar_exact, wilson_ci
+
+
+@dataclass(frozen=True)
+class Cell:
+    benchmark: str
+    n_agents: int
+    conditions: tuple[str, ...]
+    n: int
+    max_new_tokens: int = 512
+    pinned: str | None = None
+    model: str = "default"
+    reference: str | None = None  # condition the b/c splits are taken against (default: kvcomm or the first)
+    extra: dict = field(default_factory=dict)  # task options (e.g. the synthetic task's seed)
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"--n must be >= 1, got {self.n}")
+        labels = [parse(c).label for c in self.conditions]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"conditions repeat: {labels}")
+        object.__setattr__(self, "conditions", tuple(labels))
+
+
+class RunFiles:
+    """The run's folder: settings, and the two append-only record files."""
+
+    def __init__(self, out: Path, cell: Cell):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.items_path, self.calls_path = self.out / "items.jsonl", self.out / "calls.jsonl"
+        settings = self.out / "cell.json"
+        wanted = asdict(cell)
+        if settings.exists():
+            found = json.loads(settings.read_text())
+            if found != json.loads(json.dumps(wanted)):
+                raise ValueError(
+                    f"{self.out} holds a run with other settings ({found}); use another --out or delete it"
+                )
+        else:
+            settings.write_text(json.dumps(wanted, indent=2))
+
+    def finished(self) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
+        """Complete item records and their calls; a torn last line or orphan calls are dropped."""
+        items = {(r["condition"], r["item_id"]): r for r in read_jsonl(self.items_path)}
+        calls: dict[tuple[str, str], list[dict]] = {}
+        for c in read_jsonl(self.calls_path):
+            key = (c["condition"], c["item_id"])
+            if key in items:
+                calls.setdefault(key, []).append(c)
+        rewrite_jsonl(self.items_path, items.values())
+        rewrite_jsonl(self.calls_path, [c for key in items for c in calls.get(key, [])])
+        return items, calls
+
+    def append(self, item: dict, calls: list[dict]) -> None:
+        append_jsonl(self.calls_path, calls)
+        append_jsonl(self.items_path, [item])
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line torn by a crash: it and anything after it are redone
+    return rows
+
+
+def rewrite_jsonl(path: Path, rows) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> dict:
+    scored = tasks.score(cell.benchmark, request.final_text, item)
+    calls = request.calls
+    return {
+        "condition": condition,
+        "item_id": request.item_id,
+        "index": index,
+        "correct": bool(scored["correct"]),
+        "answer": scored.get("answer"),
+        "final_text": request.final_text,
+        "reuse_rate": request.reuse_rate,
+        "rows_per_call": sum(c.rows_recomputed for c in calls) / len(calls),
+        "ttft_s_mean": sum(c.ttft_s for c in calls) / len(calls),
+        "total_s": sum(c.total_s for c in calls),
+    }
+
+
+def run_cell(bb, cell: Cell, out: Path, progress: bool = True) -> pd.DataFrame:
+    """Run (or resume) a cell; returns the tidy per-item table."""
+    files = RunFiles(out, cell)
+    done, done_calls = files.finished()
+    items = tasks.load_items(cell.benchmark, cell.n, **cell.extra)
+    pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
+    servers = {c: make_server(bb, c) for c in cell.conditions}
+    bar = tqdm(total=len(items) * len(servers), disable=not progress, desc=f"{cell.benchmark} x{cell.n_agents}")
+    for index, item in enumerate(items):
+        item_id = str(item["id"])
+        for condition, server in servers.items():
+            if (condition, item_id) in done:
+                for call in done_calls.get((condition, item_id), []):
+                    getattr(server, "replay", lambda call: None)(call)
+            else:
+                request = pipeline.run(server, item_id, tasks.question_text(cell.benchmark, item))
+                record = item_record(cell, condition, index, item, request)
+                files.append(record, [c.to_dict() | {"condition": condition, "item_id": item_id} for c in request.calls])
+            bar.update(1)
+    bar.close()
+    return pd.DataFrame(read_jsonl(files.items_path))
+
+
+def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "dense") -> pd.DataFrame:
+    """One row per condition: accuracy with its Wilson interval, agreement with Dense's final
+    text, reuse rate, rows per call, TTFT, and the b/c split with exact p against `reference`.
+
+    Only items every condition finished are used, so every comparison is paired.
+    """
+    conditions = list(dict.fromkeys(items["condition"]))
+    complete = items.groupby("item_id")["condition"].nunique() == len(conditions)
+    items = items[items["item_id"].isin(complete[complete].index)]
+    table = items.pivot(index="item_id", columns="condition")
+    reference = reference or ("kvcomm" if "kvcomm" in conditions else conditions[0])
+    rows = []
+    for c in conditions:
+        correct = table["correct"][c].astype(bool)
+        k, n = int(correct.sum()), len(correct)
+        lo, hi = wilson_ci(k, n) if n else (float("nan"), float("nan"))
+        b, cc = discordant(table["correct"][reference].astype(bool), correct) if c != reference else (None, None)
+        rows.append({
+            "condition": c,
+            "n": n,
+            "accuracy": k / n if n else float("nan"),
+            "ci_lo": lo,
+            "ci_hi": hi,
+            "dense_agreement": (table["final_text"][c] == table["final_text"][dense]).mean() if dense in conditions else None,
+            "reuse_rate": table["reuse_rate"][c].mean(),
+            "rows_per_call": table["rows_per_call"][c].mean(),
+            "ttft_ms_median": 1000 * table["ttft_s_mean"][c].median(),
+            f"b/c vs {reference}": None if b is None else f"{b}/{cc}",
+            "p_exact": None if b is None else mcnemar_exact(b, cc),
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,78 @@
+"""The experiment runner: paired, incremental, resumable."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from bcr_core.stats import mcnemar_exact
+
+from bcr_core import runner
+from bcr_core.runner import Cell, run_cell, summarize
+
+CELL = Cell(benchmark="synthetic", n_agents=2, conditions=("dense", "kvcomm@1", "coin-single@0.3:gamma=1,seed=3"),
+            n=4, max_new_tokens=4, extra={"seed": 7})
+TIMING = {"ttft_s_mean", "total_s", "ttft_s"}
+
+
+def strip(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_interrupted_run_resumes_to_the_same_records(tiny_chat, tmp_path, monkeypatch):
+    whole = run_cell(tiny_chat, CELL, tmp_path / "whole", progress=False)
+    assert len(whole) == 12 and set(whole["condition"]) == set(CELL.conditions)
+
+    real_append, appended = runner.RunFiles.append, []
+
+    def crash_after_five(self, item, calls):
+        if len(appended) == 5:
+            raise KeyboardInterrupt
+        appended.append(item)
+        real_append(self, item, calls)
+
+    monkeypatch.setattr(runner.RunFiles, "append", crash_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(tiny_chat, CELL, tmp_path / "resumed", progress=False)
+    monkeypatch.setattr(runner.RunFiles, "append", real_append)
+    with open(tmp_path / "resumed" / "calls.jsonl", "a") as f:
+        f.write('{"condition": "dense", "item_id": "torn')  # a write cut short by the crash
+    resumed = run_cell(tiny_chat, CELL, tmp_path / "resumed", progress=False)
+
+    read = lambda name, d: strip(runner.read_jsonl(tmp_path / d / name))
+    key = lambda r: (r["condition"], r["item_id"], r.get("node", ""))
+    assert sorted(read("items.jsonl", "resumed"), key=key) == sorted(read("items.jsonl", "whole"), key=key)
+    assert sorted(read("calls.jsonl", "resumed"), key=key) == sorted(read("calls.jsonl", "whole"), key=key)
+    assert len(resumed) == 12 and not resumed.duplicated(["condition", "item_id"]).any()
+
+
+def test_summary_is_paired_and_reports_bc_before_p(tiny_chat, tmp_path):
+    items = run_cell(tiny_chat, CELL, tmp_path, progress=False)
+    table = summarize(items, reference="kvcomm@1")
+    assert list(table["condition"]) == list(CELL.conditions)
+    columns = list(table.columns)
+    assert columns.index("b/c vs kvcomm@1") < columns.index("p_exact")
+    dense = table.set_index("condition").loc["dense"]
+    assert dense["dense_agreement"] == 1.0 and dense["reuse_rate"] == 0.0
+    by = table.set_index("condition")
+    assert pd.isna(by.loc["kvcomm@1", "b/c vs kvcomm@1"])
+    wide = items.pivot(index="item_id", columns="condition", values="correct")
+    b = int((wide["kvcomm@1"] & ~wide["dense"]).sum())
+    c = int((~wide["kvcomm@1"] & wide["dense"]).sum())
+    assert by.loc["dense", "b/c vs kvcomm@1"] == f"{b}/{c}"
+    assert by.loc["dense", "p_exact"] == pytest.approx(mcnemar_exact(b, c))
+
+
+def test_rerun_with_other_settings_is_refused(tiny_chat, tmp_path):
+    run_cell(tiny_chat, Cell("synthetic", 2, ("dense",), 1, max_new_tokens=2), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="other settings"):
+        run_cell(tiny_chat, Cell("synthetic", 2, ("dense",), 2, max_new_tokens=2), tmp_path, progress=False)
+
+
+def test_bad_cells_are_clear_errors():
+    with pytest.raises(ValueError, match="repeat"):
+        Cell("gsm8k", 3, ("kvcomm@0.5", "kvcomm@0.50"), 2)
+    with pytest.raises(ValueError, match="unknown condition"):
+        Cell("gsm8k", 3, ("densest",), 2)
+    with pytest.raises(ValueError, match="exceeds the 100 items"):
+        runner.tasks.load_items("gsm8k", 101)
