@@ -91,6 +91,20 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_unit_curve(args) -> int:
+    from bcr_core.unit_curve import UnitCurveConfig, default_texts, read_prompts, summarize_curve, unit_curve
+
+    config = UnitCurveConfig(args.segment_tokens, args.budget, tuple(split_list(args.units, int)),
+                             tuple(args.seed + i for i in range(args.seeds)))
+    texts = read_prompts(args.prompts) if args.prompts else default_texts()
+    table = summarize_curve(unit_curve(load_backbone(args), texts, config, progress=not args.json))
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0
+
+
 def split_list(text: str, kind):
     try:
         return [kind(x.strip()) for x in text.split(",") if x.strip()]
@@ -114,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--new-tokens", type=int, default=48)
     add_common(demo)
     demo.set_defaults(run=cmd_demo)
+    curve = sub.add_parser("unit-curve", help="Table 8: informed vs random restoration by unit of choice")
+    curve.add_argument("--segment-tokens", type=int, default=2048)
+    curve.add_argument("--budget", type=float, default=0.2)
+    curve.add_argument("--units", default="1,16,64,256,1024")
+    curve.add_argument("--prompts", type=Path, default=None, help="JSONL, one object per line with a 'text' field")
+    curve.add_argument("--seed", type=int, default=0, help="first seed of the random selections")
+    curve.add_argument("--seeds", type=int, default=3, help="how many random seeds")
+    add_common(curve)
+    curve.set_defaults(run=cmd_unit_curve)
+
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
     run.add_argument("--benchmark", required=True, choices=["gsm8k", "mmlu", "humaneval", "synthetic"])
     run.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
