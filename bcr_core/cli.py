@@ -105,6 +105,18 @@ def cmd_unit_curve(args) -> int:
     return 0
 
 
+def cmd_ttft(args) -> int:
+    from bcr_core.latency import ttft_table
+
+    table = ttft_table(load_backbone(args), split_list(args.lengths, int), split_list(args.rho, float), args.samples,
+                       progress=not args.json)
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    return 0
+
+
 def split_list(text: str, kind):
     try:
         return [kind(x.strip()) for x in text.split(",") if x.strip()]
@@ -137,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--seeds", type=int, default=3, help="how many random seeds")
     add_common(curve)
     curve.set_defaults(run=cmd_unit_curve)
+
+    ttft = sub.add_parser("ttft", help="Table 10: time to first token, Dense vs KVComm vs BCR-chunk (and its coin)")
+    ttft.add_argument("--lengths", default="64,512,2048,4096", help="segment lengths in tokens")
+    ttft.add_argument("--rho", default="0.05,0.1,0.2,0.3,0.4", help="repair budgets for BCR-chunk and coin-chunk")
+    ttft.add_argument("--samples", type=int, default=3, help="timed requests per length (5 calls each)")
+    add_common(ttft)
+    ttft.set_defaults(run=cmd_ttft)
 
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
     run.add_argument("--benchmark", required=True, choices=["gsm8k", "mmlu", "humaneval", "synthetic"])

@@ -43,6 +43,7 @@ class CallRecord:
     segment_map: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     fidelity: dict = field(default_factory=dict)  # in-situ comparison with Dense on the same prompt, if asked
+    assembly_s: float = 0.0  # anchor matching and cache assembly (KVComm-based servers), inside the TTFT
     served: tuple[KV, int] | None = field(default=None, repr=False)  # (cache, last id); not serialised
 
     def to_dict(self) -> dict:
@@ -154,9 +155,11 @@ class KVCommServer:
         started = time.perf_counter()
         decisions = self.gate(ids, spans, node)
         reason = self.allocate(decisions, node)
-        served = None
+        served, assembly_s = None, time.perf_counter() - started
         if reason == REUSE:
-            served = self.serve_assembled(self.assemble(ids, spans, node, decisions), ids, max_new_tokens, started)
+            assembled = self.assemble(ids, spans, node, decisions)
+            assembly_s = time.perf_counter() - started
+            served = self.serve_assembled(assembled, ids, max_new_tokens, started)
             if served is None:
                 reason = self.refusal
             else:
@@ -172,7 +175,7 @@ class KVCommServer:
             node, prompt.template.role, self.name, "reuse" if reason == REUSE else "dense", reason, ids,
             prompt.dense_ids, ids, served.tokens, self.bb.decode(served.tokens), served.ttft, served.total,
             rows_recomputed=len(served.repaired_rows), repaired_rows=served.repaired_rows, segment_map=spans,
-            decisions=[d.to_dict() for d in decisions], served=(served.kv, ids[-1]),
+            decisions=[d.to_dict() for d in decisions], served=(served.kv, ids[-1]), assembly_s=assembly_s,
         )
 
     # -- hooks for the policies built on this server ----------------------------------------
