@@ -180,4 +180,4 @@ def test_replaying_records_restores_the_pool_exactly(tiny_chat):
     assert any(activations for _, _, _, activations, _ in state(original))  # the replay had reuse to restore
     (a,) = run_all(tiny_chat, original, QUESTIONS[3:])
     (b,) = run_all(tiny_chat, resumed, QUESTIONS[3:])
-    assert [c.to_dict() | {"ttft_s": 0, "total_s": 0} for c in a.calls] == [c.to_dict() | {"ttft_s": 0, "total_s": 0} for c in b.calls]
+    assert [c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in a.calls] == [c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in b.calls]

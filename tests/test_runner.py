@@ -12,7 +12,7 @@ from bcr_core.runner import Cell, run_cell, summarize
 
 CELL = Cell(benchmark="synthetic", n_agents=2, conditions=("dense", "kvcomm@1", "coin-single@0.3:gamma=1,seed=3"),
             n=4, max_new_tokens=4, extra={"seed": 7})
-TIMING = {"ttft_s_mean", "total_s", "ttft_s"}
+TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 
 
 def strip(rows):
