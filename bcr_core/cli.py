@@ -20,6 +20,19 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
 
+def print_table(table, args, digits: int | None = None) -> int:
+    """A result table as JSON records (--json) or as aligned text; returns the exit code 0."""
+    import pandas as pd
+
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        fmt = None if digits is None else (lambda x: f"{x:.{digits}f}")
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            print(table.to_string(index=False, float_format=fmt))
+    return 0
+
+
 def load_backbone(args):
     from bcr_core.backbone import Backbone
 
@@ -50,12 +63,8 @@ def cmd_demo(args) -> int:
     from bcr_core.demo import demo
 
     table = demo(load_backbone(args), prompt=args.prompt, new_tokens=args.new_tokens)
-    if args.json:
-        print(table.to_json(orient="records", indent=2))
-    else:
-        with pd.option_context("display.max_colwidth", 70, "display.width", 200):
-            print(table.to_string(index=False))
-    return 0
+    with pd.option_context("display.max_colwidth", 70):
+        return print_table(table, args)
 
 
 def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
@@ -72,8 +81,6 @@ def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    import pandas as pd
-
     from bcr_core.runner import Cell, run_cell, summarize
 
     conditions = expand_seeds(split_list(args.conditions, str), split_list(args.seeds, int) if args.seeds else None)
@@ -83,12 +90,7 @@ def cmd_run(args) -> int:
     items = run_cell(load_backbone(args), cell, args.out, progress=True)
     table = summarize(items, reference=args.reference)
     (args.out / "summary.csv").write_text(table.to_csv(index=False))
-    if args.json:
-        print(table.to_json(orient="records", indent=2))
-    else:
-        with pd.option_context("display.width", 200, "display.max_columns", 20):
-            print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    return 0
+    return print_table(table, args, digits=3)
 
 
 def cmd_unit_curve(args) -> int:
@@ -98,11 +100,7 @@ def cmd_unit_curve(args) -> int:
                              tuple(args.seed + i for i in range(args.seeds)))
     texts = read_prompts(args.prompts) if args.prompts else default_texts()
     table = summarize_curve(unit_curve(load_backbone(args), texts, config, progress=not args.json))
-    if args.json:
-        print(table.to_json(orient="records", indent=2))
-    else:
-        print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    return 0
+    return print_table(table, args, digits=4)
 
 
 def cmd_ttft(args) -> int:
@@ -110,11 +108,7 @@ def cmd_ttft(args) -> int:
 
     table = ttft_table(load_backbone(args), split_list(args.lengths, int), split_list(args.rho, float), args.samples,
                        progress=not args.json)
-    if args.json:
-        print(table.to_json(orient="records", indent=2))
-    else:
-        print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    return 0
+    return print_table(table, args, digits=2)
 
 
 def split_list(text: str, kind):
