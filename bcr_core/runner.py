@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from bcr_core import tasks
 from bcr_core.conditions import make_server, parse
 from bcr_core.pipeline import Pipeline
+from bcr_core.serving import DenseServer
 from bcr_core.stats import discordant, mcnemar_exact, wilson_ci
 
 
@@ -34,6 +35,7 @@ class Cell:
     model: str = "default"
     reference: str | None = None  # condition the b/c splits are taken against (default: kvcomm or the first)
     extra: dict = field(default_factory=dict)  # task options (e.g. the synthetic task's seed)
+    fidelity: bool = False  # also serve every call densely and record its in-situ fidelity (about 2x the work)
 
     def __post_init__(self):
         if self.n < 1:
@@ -108,7 +110,13 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
 def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> dict:
     scored = tasks.score(cell.benchmark, request.final_text, item)
     calls = request.calls
-    return {
+    measured = [c.fidelity for c in calls if c.fidelity]
+    fidelity = {
+        "first_token_agree": sum(f["first_token_agree"] for f in measured) / len(measured),
+        "call_identical": sum(f["identical"] for f in measured) / len(measured),
+        "kl_mean": sum(f["kl"] for f in measured) / len(measured),
+    } if measured else {}
+    return fidelity | {
         "condition": condition,
         "item_id": request.item_id,
         "index": index,
@@ -129,6 +137,7 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True) -> pd.DataFrame:
     items = tasks.load_items(cell.benchmark, cell.n, **cell.extra)
     pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
     servers = {c: make_server(bb, c) for c in cell.conditions}
+    reference = DenseServer(bb) if cell.fidelity else None
     bar = tqdm(total=len(items) * len(servers), disable=not progress, desc=f"{cell.benchmark} x{cell.n_agents}")
     for index, item in enumerate(items):
         item_id = str(item["id"])
@@ -137,7 +146,7 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True) -> pd.DataFrame:
                 for call in done_calls.get((condition, item_id), []):
                     getattr(server, "replay", lambda call: None)(call)
             else:
-                request = pipeline.run(server, item_id, tasks.question_text(cell.benchmark, item))
+                request = pipeline.run(server, item_id, tasks.question_text(cell.benchmark, item), reference=reference)
                 record = item_record(cell, condition, index, item, request)
                 files.append(record, [c.to_dict() | {"condition": condition, "item_id": item_id} for c in request.calls])
             bar.update(1)
@@ -147,7 +156,8 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True) -> pd.DataFrame:
 
 def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "dense") -> pd.DataFrame:
     """One row per condition: accuracy with its Wilson interval, agreement with Dense's final
-    text, reuse rate, rows per call, TTFT, and the b/c split with exact p against `reference`.
+    text and extracted answer, reuse rate, rows per call, TTFT, and the b/c split with exact p
+    against `reference`.
 
     Only items every condition finished are used, so every comparison is paired.
     """
@@ -169,6 +179,7 @@ def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "d
             "ci_lo": lo,
             "ci_hi": hi,
             "dense_agreement": (table["final_text"][c] == table["final_text"][dense]).mean() if dense in conditions else None,
+            "answer_agreement": (table["answer"][c] == table["answer"][dense]).mean() if dense in conditions else None,
             "reuse_rate": table["reuse_rate"][c].mean(),
             "rows_per_call": table["rows_per_call"][c].mean(),
             "ttft_ms_median": 1000 * table["ttft_s_mean"][c].median(),

@@ -63,6 +63,15 @@ def test_summary_is_paired_and_reports_bc_before_p(tiny_chat, tmp_path):
     assert by.loc["dense", "p_exact"] == pytest.approx(mcnemar_exact(b, c))
 
 
+def test_fidelity_is_recorded_per_item(tiny_chat, tmp_path):
+    cell = Cell("synthetic", 2, ("dense", "kvcomm@1"), 6, max_new_tokens=3, extra={"seed": 7}, fidelity=True)
+    items = run_cell(tiny_chat, cell, tmp_path, progress=False).set_index(["condition", "item_id"])
+    dense = items.loc["dense"]
+    assert (dense["kl_mean"].abs() < 1e-6).all() and (dense["first_token_agree"] == 1.0).all()
+    reused = items.loc["kvcomm@1"]
+    assert (reused["kl_mean"] >= 0).all() and (reused["kl_mean"] > 1e-6).any()  # once warm, calls reuse
+
+
 def test_rerun_with_other_settings_is_refused(tiny_chat, tmp_path):
     run_cell(tiny_chat, Cell("synthetic", 2, ("dense",), 1, max_new_tokens=2), tmp_path, progress=False)
     with pytest.raises(ValueError, match="other settings"):
