@@ -83,13 +83,14 @@ COPY = RoleSet(
 )
 
 SYNTHETIC = RoleSet(
+    # No "You are a <job>" here: the task asks for people's jobs, and a role noun leaks into the answer.
     roles={
-        "Record Keeper": "You are a record keeper. Find the requested record in the list and report its value.",
-        "Auditor": "You are an auditor. Check the list and the other answers, and report the value the list "
-        "really gives.",
-        "Clerk": "You are a careful clerk. Read the list line by line and report the requested value.",
+        "Lookup": "Find the line of the list that answers the question and report the value it gives.",
+        "Cross-check": "Compare the other answers with the list, and report the value the list really gives.",
+        "Line-by-line": "Read the list one line at a time, stop at the line the question asks about, and "
+        "report its value.",
     },
-    final="You are the final decision maker. Read the list and the other answers, and report the correct value.",
+    final="Read the list and the other answers, and report the value the list gives for the question.",
     instruction="Answer with the value only.",
     final_instruction="Answer with the value only.",
 )

@@ -47,3 +47,24 @@ def test_cli_names_an_unknown_model(capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "unknown model '/no/such/dir'" in captured.err
+
+
+@pytest.mark.parametrize("name", ["chunk", "grow", "single"])
+def test_every_layout_at_full_budget_reproduces_dense(real, name):
+    from bcr_core.layouts import layout
+    from bcr_core.selectors import DraftSelector
+    from bcr_core.verify import cache_under_prefix
+
+    story = ("A small bakery sells bread, cakes and pies. On Monday it baked 120 loaves and sold 95 of them; "
+             "on Tuesday it baked 140 loaves and sold 131; on Wednesday it baked 100 loaves and sold all of "
+             "them. Every unsold loaf is given to a shelter at the end of the day. ")
+    ids = real.chat_ids([{"role": "user", "content": story * 2 + "How many loaves went to the shelter?"}])
+    cached, last = ids[:-1], ids[-1]
+    assert len(cached) >= 128  # the chunk layout's skip rule needs M >= 2B
+    under_prefix, d = cache_under_prefix(real, cached)
+    reused = real.shift(under_prefix, -d)
+    rows = layout(name).rows(DraftSelector().scores(real, reused, cached, last), 1.0)
+    assert rows.tolist() == list(range(len(cached)))
+    reference = real.generate(real.prefill(cached), last, 24, stop_ids=()).tokens
+    assert real.generate(real.repair(reused, cached, rows), last, 24, stop_ids=()).tokens == reference
+    assert real.generate(reused, last, 24, stop_ids=()).tokens != reference
