@@ -154,6 +154,11 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True) -> pd.DataFrame:
     return pd.DataFrame(read_jsonl(files.items_path))
 
 
+def same(a: pd.Series, b: pd.Series) -> pd.Series:
+    """Elementwise equality where two missing answers (nothing extracted) also count as the same."""
+    return (a == b) | (a.isna() & b.isna())
+
+
 def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "dense") -> pd.DataFrame:
     """One row per condition: accuracy with its Wilson interval, agreement with Dense's final
     text and extracted answer, reuse rate, rows per call, TTFT, and the b/c split with exact p
@@ -179,7 +184,7 @@ def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "d
             "ci_lo": lo,
             "ci_hi": hi,
             "dense_agreement": (table["final_text"][c] == table["final_text"][dense]).mean() if dense in conditions else None,
-            "answer_agreement": (table["answer"][c] == table["answer"][dense]).mean() if dense in conditions else None,
+            "answer_agreement": same(table["answer"][c], table["answer"][dense]).mean() if dense in conditions else None,
             "reuse_rate": table["reuse_rate"][c].mean(),
             "rows_per_call": table["rows_per_call"][c].mean(),
             "ttft_ms_median": 1000 * table["ttft_s_mean"][c].median(),
