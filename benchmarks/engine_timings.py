@@ -1,0 +1,56 @@
+"""Engine timings on the embedded model, measured side by side in one process.
+
+    python benchmarks/engine_timings.py [--lengths 512,2048] [--rho 0.2] [--repeats 3]
+
+Reports model load time, dense prefill time per length, the time to repair a fraction rho of the
+rows of a corrupted cache of that length (rows spread over the whole span, so each attends to
+most of the cache), and repair / prefill as a ratio. Medians over repeats; the first call of each
+kind is a warm-up and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bcr_core.backbone import Backbone
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="512,2048")
+    parser.add_argument("--rho", type=float, default=0.2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="default")
+    args = parser.parse_args()
+
+    start = time.perf_counter()
+    bb = Backbone.load(args.model)
+    print(f"load: {time.perf_counter() - start:.2f} s  (threads: {torch.get_num_threads()})")
+    generator = torch.Generator().manual_seed(0)
+    for length in (int(x) for x in args.lengths.split(",")):
+        ids = torch.randint(100, 40000, (length,), generator=generator).tolist()
+        dense = bb.prefill(ids)
+        corrupted = dense.with_keys(dense.keys, dense.positions)  # repair cost does not depend on content
+        rows = torch.randperm(length, generator=generator)[: round(args.rho * length)].sort().values
+        prefill_s = timed(lambda: bb.prefill(ids), args.repeats)
+        repair_s = timed(lambda: bb.repair(corrupted, ids, rows), args.repeats)
+        print(f"{length:5d} tokens: prefill {prefill_s:.3f} s, repair of {len(rows)} rows ({args.rho:.0%}) "
+              f"{repair_s:.3f} s, repair / prefill = {repair_s / prefill_s:.3f}")
+
+
+if __name__ == "__main__":
+    main()
