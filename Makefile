@@ -1,12 +1,14 @@
 # Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
 # Setup is idempotent: it creates .venv once, installs torch==2.13.0 only when torch is missing
-# (a bare `torch` requirement would pull a multi-GB CUDA build), then the package itself.
+# (a bare `torch` requirement would pull a multi-GB CUDA build), then the package itself, and
+# registers the venv's Python as the Jupyter kernel `bcr-lab` that the notebooks run on.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bcr-installed
+KERNEL := $(VENV)/share/jupyter/kernels/bcr-lab/kernel.json
 
 .PHONY: setup demo test
-setup: $(STAMP)
+setup: $(STAMP) $(KERNEL)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -14,9 +16,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+$(KERNEL): $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name bcr-lab --display-name "BCR lab (Python)"
+
+# The main job: correctness checks, then the quickstart notebook run headless into an HTML report.
 demo: setup
 	$(VENV)/bin/bcr verify
-	$(VENV)/bin/bcr demo
+	$(VENV)/bin/bcr notebooks --only 00_quickstart --out reports
+	@echo "Open reports/00_quickstart.html in a browser; \`$(VENV)/bin/jupyter lab notebooks/\` for the interactive lab."
 
 test: setup
 	$(PY) -m pytest -q

@@ -111,6 +111,36 @@ def cmd_ttft(args) -> int:
     return print_table(table, args, digits=2)
 
 
+def cmd_notebooks(args) -> int:
+    from bcr_core.notebooks import NotebookError, run_notebooks
+
+    parameters = {}
+    for pair in args.parameter:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"-p takes NAME=VALUE, got {pair!r}")
+        try:
+            parameters[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            parameters[name.strip()] = raw  # a bare word is a string
+    if args.model != DEFAULT_MODEL:
+        parameters["model"] = args.model
+    try:
+        results = run_notebooks(args.out, smoke=args.smoke, only=split_list(args.only, str) if args.only else None,
+                                parameters=parameters)
+    except NotebookError as err:
+        print(f"bcr notebooks: error: {err}", file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    table = pd.DataFrame([{"notebook": r.notebook, "seconds": r.seconds, "ok": r.ok, "html": r.html} for r in results])
+    print_table(table, args, digits=1)
+    for r in results:
+        if not r.ok:
+            print(f"bcr notebooks: {r.error}", file=sys.stderr)
+    return 0 if all(r.ok for r in results) else 1
+
+
 def split_list(text: str, kind):
     try:
         return [kind(x.strip()) for x in text.split(",") if x.strip()]
@@ -167,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also serve every call densely: per-call first-token agreement and teacher-forced KL")
     add_common(run)
     run.set_defaults(run=cmd_run)
+
+    notebooks = sub.add_parser("notebooks", help="execute the notebooks headless: executed copies and HTML reports")
+    notebooks.add_argument("--smoke", action="store_true", help="CI-sized runs: few items, short outputs")
+    notebooks.add_argument("--out", type=Path, default=Path("reports"), help="folder for executed copies and HTML")
+    notebooks.add_argument("--only", default=None, help="comma-separated notebook names or prefixes, e.g. 00,09")
+    notebooks.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                           help="set a notebook parameter (VALUE read as JSON, else as a string); repeatable")
+    add_common(notebooks)
+    notebooks.set_defaults(run=cmd_notebooks)
     return parser
 
 

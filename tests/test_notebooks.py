@@ -1,0 +1,214 @@
+"""The notebooks: parameter checking, the headless executor, the inspection helpers, and every
+notebook run end to end in smoke mode (`bcr notebooks --smoke`, marked `notebooks`)."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+import torch
+
+from bcr_core import lab
+from bcr_core import params
+from bcr_core.cli import main
+from bcr_core.layouts import LayoutConfig
+from bcr_core.notebooks import NOTEBOOK_DIR, NotebookError, notebook_paths, run_notebooks
+from bcr_core.params import ParameterError
+from bcr_core.runner import Cell, run_cell
+
+EXPECTED = ["00_quickstart", "01_warmup", "02_gate_sweep", "03_unit_of_choice", "04_tokenization_control",
+            "05_layouts", "06_budget_sweep", "07_latency", "08_allocation", "09_attention_explorer"]
+
+
+# -- parameters ---------------------------------------------------------------------------------
+def test_check_accepts_and_normalises():
+    p = params.check(n=3, rho=1, gammas=(0.3, 1), smoke=False, pinned=None, layout="grow", conditions=["kvcomm@0.5"])
+    assert p.n == 3 and p["rho"] == 1.0 and isinstance(p.rho, float)
+    assert p.gammas == [0.3, 1.0] and p.pinned is None and p.layout == "grow"
+
+
+@pytest.mark.parametrize("name, value, expected, given", [
+    ("n", "3", "expects int", "got str '3'"),
+    ("n", True, "expects int", "got bool True"),
+    ("n", 2.0, "expects int", "got float 2.0"),
+    ("rho", "0.2", "expects float", "got str '0.2'"),
+    ("smoke", 1, "expects bool", "got int 1"),
+    ("gammas", [0.3, "1"], "expects list of float", "got list"),
+    ("seeds", 0, "expects list of int", "got int 0"),
+    ("benchmark", 5, "expects str", "got int 5"),
+])
+def test_wrong_type_names_parameter_expected_and_given(name, value, expected, given):
+    with pytest.raises(ParameterError) as err:
+        params.check(**{name: value})
+    message = str(err.value)
+    assert f"parameter {name!r}" in message and expected in message and given in message
+
+
+@pytest.mark.parametrize("name, value, why", [
+    ("n", 0, "outside >= 1"),
+    ("agents", 6, "outside in [2, 5]"),
+    ("rho", 1.5, "outside in [0, 1]"),
+    ("budget", 0.0, "outside in (0, 1]"),
+    ("benchmark", "gsm9k", "not one of"),
+    ("layout", "blocks", "not one of"),
+    ("conditions", ["kvcomm", "densest"], "unknown condition 'densest'"),
+    ("units", [], "fewer than 1"),
+    ("model", " ", "empty"),
+])
+def test_out_of_range_values_are_refused(name, value, why):
+    with pytest.raises(ParameterError, match=f"parameter {name!r}") as err:
+        params.check(**{name: value})
+    assert why in str(err.value)
+
+
+def test_unknown_parameter_is_refused():
+    with pytest.raises(ParameterError, match="unknown parameter 'n_items'"):
+        params.check(n_items=3)
+
+
+def test_smoke_applies_only_to_declared_names_and_overrides():
+    p = params.check(benchmark="gsm8k", n=60, smoke=True, rhos=[0.1, 0.2])
+    small = p.smoke(rhos=[0.4])
+    assert small.benchmark == "synthetic" and small.n == params.SMOKE["n"] and small.rhos == [0.4]
+    assert "agents" not in small  # not declared by this notebook, so not added
+    assert params.check(n=60, smoke=False).smoke(n=2).n == 60
+    with pytest.raises(ParameterError, match="parameter 'n'"):
+        p.replace(n="few")
+    assert "smoke setting" in small._repr_html_()
+
+
+# -- notebooks on disk ----------------------------------------------------------------------------
+def test_the_ten_notebooks_are_stored_clean_with_parameters_then_check():
+    paths = notebook_paths()
+    assert [p.stem for p in paths] == EXPECTED
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name} has outputs"
+        assert code[0].metadata.get("tags") == ["parameters"], path.name
+        assert "params.check(" in code[1].source, f"{path.name}: the cell after parameters must check them"
+        declared = [line.split("=")[0].strip() for line in code[0].source.splitlines() if "=" in line]
+        assert all(f"{name}={name}" in code[1].source for name in declared), f"{path.name} leaves a parameter unchecked"
+        assert "smoke" in declared and "assert" in code[-1].source, path.name
+        assert nb.metadata["kernelspec"]["name"] == "bcr-lab"
+
+
+def test_unknown_notebook_or_parameter_is_a_clear_error(tmp_path, capsys):
+    assert main(["notebooks", "--only", "42_nothing", "--out", str(tmp_path)]) == 2
+    assert "no notebook matches ['42_nothing']" in capsys.readouterr().err
+    with pytest.raises(NotebookError, match="no notebook declares parameter"):
+        run_notebooks(tmp_path, only=["03"], parameters={"n_itmes": 3})
+
+
+def write_notebook(path, cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata["kernelspec"] = {"name": "bcr-lab", "display_name": "BCR lab (Python)", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def test_executor_names_the_failing_notebook_and_cell(tmp_path):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    write_notebook(folder / "00_fine.ipynb", [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+                                              nbformat.v4.new_code_cell("assert x == 2")])
+    write_notebook(folder / "01_boom.ipynb", [
+        nbformat.v4.new_markdown_cell("# a notebook that fails"),
+        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("y = x + 1"),
+        nbformat.v4.new_code_cell("raise ValueError(f'boom at {y}')"),
+        nbformat.v4.new_code_cell("print('never')"),
+    ])
+    results = run_notebooks(tmp_path / "out", folder=folder, parameters={"x": 2})
+    fine, boom = results
+    assert fine.ok, fine.error  # the parameter was injected: x == 2
+    assert boom.error.startswith("01_boom.ipynb failed at cell 4 of 5, line 1 (`raise ValueError(f'boom at {y}')`)")
+    assert "ValueError: boom at 3" in boom.error
+    for r in results:  # executed copies and HTML are written either way
+        assert (tmp_path / "out" / f"{r.notebook}.ipynb").exists()
+        assert (tmp_path / "out" / f"{r.notebook}.html").exists()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [s["notebook"] for s in summary] == ["00_fine", "01_boom"]
+
+
+def test_wrong_parameter_type_stops_the_notebook_with_one_clear_line(tmp_path, capsys):
+    code = main(["notebooks", "--only", "03", "--out", str(tmp_path), "-p", 'segment_tokens="2048"'])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "03_unit_of_choice.ipynb failed at cell 3 of" in err
+    assert "ParameterError: parameter 'segment_tokens' expects int >= 8, got str '2048'" in err
+    message = err[err.index("03_unit_of_choice.ipynb failed"):]
+    assert "Traceback" not in message and "unit_curve.py" not in message
+
+
+# -- inspection helpers on a tiny model -----------------------------------------------------------
+GRID = lab.Grid("synthetic", 2, 4, 4, item_seed=34)
+
+
+def test_collect_reads_an_existing_run_under_another_label(tiny_chat, tmp_path):
+    cell = Cell("synthetic", 2, ("dense", "kvcomm@0.3", "bcr-single:gamma=1"), 4, 4, extra={"seed": 34})
+    run_cell(tiny_chat, cell, tmp_path / "by-bcr-run", progress=False)
+    runs = lab.collect(GRID, ["dense", "kvcomm", "bcr-single@0.2:gamma=1"], tmp_path, backbone=None, progress=False)
+    assert set(runs.sources.values()) == {tmp_path / "by-bcr-run"}  # nothing recomputed (there is no model)
+    assert list(runs.items["condition"].unique()) == ["dense", "kvcomm", "bcr-single@0.2:gamma=1"]
+    with pytest.raises(ValueError, match="no model to compute it with"):
+        lab.collect(GRID, ["bcr-grow"], tmp_path, backbone=None, progress=False)
+
+
+def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
+    conditions = ["dense", "kvcomm@1", "bcr-single@0.3:gamma=1", "bcr-chunk@0.5:gamma=1,chunk=8",
+                  "coin-chunk@0.5:gamma=1,chunk=8"]
+    runs = lab.collect(GRID, conditions, tmp_path, backbone=tiny_chat, progress=False)
+    budget = lab.budget_check(runs.calls)
+    assert budget["within"].all() and (budget[budget["mode"] == "reuse"]["rows"] > 0).any()
+    table = lab.condition_table(runs.items, reference="kvcomm@1")
+    assert list(table.columns).index("b") < list(table.columns).index("p_exact")
+    assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
+    counts = lab.gate_counts(runs.calls).set_index("condition")
+    assert (counts["reused"] + counts["dense"] == counts["calls"]).all()
+    assert lab.entropy_rejections(runs.calls)["kvcomm@1"] == 0
+    line = lab.line_table(table, "dense", "kvcomm@1").set_index("condition")
+    assert abs(line.loc["kvcomm@1", "residual_points"]) < 1e-9
+    # a tampered record is caught
+    tampered = runs.calls.copy()
+    tampered.loc[tampered["mode"] == "reuse", "rows_recomputed"] += 1000
+    assert not lab.budget_check(tampered)["within"].all()
+
+
+def test_explore_selects_what_the_layout_prescribes(tiny_chat):
+    items = GRID.items()
+    inspection = lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1", 4, progress=False)
+    view = inspection.view()
+    assert view.select("single", 0.2) == view.repaired_rows  # the captured draft reproduces the server's choice
+    for rho in (0.1, 0.35):
+        ex = lab.explore(view, layout_name="single", rho=rho)
+        assert ex.count == round(rho * view.rows) and ex.expected == (ex.count, ex.count)
+    chunk = lab.explore(view, layout_name="chunk", rho=0.5, chunk=8)
+    assert chunk.expected[0] <= chunk.count <= chunk.expected[1]
+    assert chunk.segments["rows"].sum() == view.rows and chunk.segments["selected_rows"].sum() == chunk.count
+    head = lab.explore(view, layer=1, head=0)
+    assert torch.allclose(torch.from_numpy(head.score), view.attention[1, :, 0].mean(0))
+    figure = lab.attention_figure(view, chunk)
+    assert lab.highlighted_rows(figure) == chunk.selected
+    lab.update_figure(figure, view, lab.explore(view, layout_name="single", rho=0.1))
+    assert len(lab.highlighted_rows(figure)) == round(0.1 * view.rows)
+    assert lab.row_limit("chunk", 0.2, 100, LayoutConfig(chunk=64)) == (0, 0)  # under two chunks: no repair
+
+
+# -- every notebook, headless -----------------------------------------------------------------------
+@pytest.mark.notebooks
+@pytest.mark.real_model
+def test_every_notebook_runs_headless_in_smoke_mode(tmp_path):
+    out = tmp_path / "reports"
+    assert main(["notebooks", "--smoke", "--out", str(out)]) == 0
+    summary = {s["notebook"]: s for s in json.loads((out / "summary.json").read_text())}
+    assert list(summary) == EXPECTED
+    for name in EXPECTED:
+        executed, page = out / f"{name}.ipynb", out / f"{name}.html"
+        assert executed.exists() and page.exists() and summary[name]["error"] is None
+        nb = nbformat.read(executed, as_version=4)
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+        assert not [o for o in outputs if o.output_type == "error"]
+        assert "checks passed" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+        assert "Plotly.newPlot" in page.read_text(), f"{name}.html has no figure"
