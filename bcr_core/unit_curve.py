@@ -109,16 +109,21 @@ def build_case(bb, text: str, config: UnitCurveConfig) -> Case:
     return Case(ids, spans, slice(a, b), full, [ids[-1], *greedy])
 
 
+def feed(bb, kv: KV, tokens: list[int], **kwargs):
+    """Run `tokens` over `kv` at the positions that follow it (the cache is not modified)."""
+    with torch.inference_mode():
+        ids = torch.tensor([tokens], device=bb.device)
+        positions = torch.arange(kv.next_position, kv.next_position + len(tokens), device=bb.device)[None]
+        return bb.model.base_model(input_ids=ids, position_ids=positions, cache=kv.to_cache(), use_cache=True, **kwargs)
+
+
 def attention_outputs(bb, kv: KV, tokens: list[int]) -> torch.Tensor:
     """Every layer's attention output (the input to o_proj) for `tokens` fed over `kv`, stacked."""
     captured = []
     hooks = [layer.self_attn.o_proj.register_forward_pre_hook(lambda m, args: captured.append(args[0][0].float()))
              for layer in bb.model.base_model.layers]
     try:
-        with torch.inference_mode():
-            ids = torch.tensor([tokens], device=bb.device)
-            positions = torch.arange(kv.next_position, kv.next_position + len(tokens), device=bb.device)[None]
-            bb.model.base_model(input_ids=ids, position_ids=positions, cache=kv.to_cache(), use_cache=True)
+        feed(bb, kv, tokens)
     finally:
         for hook in hooks:
             hook.remove()
@@ -127,11 +132,8 @@ def attention_outputs(bb, kv: KV, tokens: list[int]) -> torch.Tensor:
 
 def consumer_attention(bb, kv: KV, tokens: list[int]) -> torch.Tensor:
     """The decode queries' attention over the cached rows: (layers, queries, heads, rows)."""
-    with bb.attention_implementation("eager"), torch.inference_mode():
-        ids = torch.tensor([tokens], device=bb.device)
-        positions = torch.arange(kv.next_position, kv.next_position + len(tokens), device=bb.device)[None]
-        out = bb.model.base_model(input_ids=ids, position_ids=positions, cache=kv.to_cache(), use_cache=True,
-                                  output_attentions=True)
+    with bb.attention_implementation("eager"):
+        out = feed(bb, kv, tokens, output_attentions=True)
     return torch.stack([a[0, :, :, : kv.length].transpose(0, 1) for a in out.attentions]).float()
 
 
