@@ -72,8 +72,9 @@ def layout_config(c: Condition) -> LayoutConfig:
     )
 
 
-def rho_of(c: Condition) -> float:
-    return DEFAULT_RHO if c.value is None else c.value
+def value_of(c: Condition) -> float | None:
+    """The condition's main value: as written, else its default (DEFAULT_VALUES)."""
+    return DEFAULT_VALUES.get(c.name) if c.value is None else c.value
 
 
 def _kvcomm(bb, c: Condition):
@@ -82,7 +83,7 @@ def _kvcomm(bb, c: Condition):
 
 def _repair(selector: Callable, layout_name: str):
     def factory(bb, c: Condition):
-        return BCRServer(bb, selector(c), layout(layout_name, layout_config(c)), rho_of(c), kvcomm_config(c))
+        return BCRServer(bb, selector(c), layout(layout_name, layout_config(c)), value_of(c), kvcomm_config(c))
     return factory
 
 
@@ -98,16 +99,20 @@ def _seed(c: Condition) -> int:
 
 
 DEFAULT_RHO = 0.20  # §3: the budget every layout spends unless told otherwise
+REPAIRS = ("bcr-chunk", "bcr-grow", "bcr-single", "coin-chunk", "coin-single", "cacheblend-cost")
+# The main value each condition takes when none is written: the gate for kvcomm, OpenGate's theta
+# (App. I), random-alloc's give-up probability, the budget rho for the repairs.
+DEFAULT_VALUES = {"kvcomm": KVCommConfig.gamma, "opengate": 0.5, "random-alloc": 0.25,
+                  **{name: DEFAULT_RHO for name in REPAIRS}}
 
 REGISTRY: dict[str, Callable] = {
     "dense": lambda bb, c: DenseServer(bb),
     "token-matched-dense": lambda bb, c: DenseServer(bb, token_matched=True),
     "kvcomm": _kvcomm,
-    "opengate": lambda bb, c: OpenGateServer(bb, 0.5 if c.value is None else c.value, config=kvcomm_config(c, 1.0)),
+    "opengate": lambda bb, c: OpenGateServer(bb, value_of(c), config=kvcomm_config(c, 1.0)),
     "protect-root": lambda bb, c: protect_root(bb, kvcomm_config(c)),
     "protect-leaf": lambda bb, c: protect_leaf(bb, kvcomm_config(c)),
-    "random-alloc": lambda bb, c: RandomAllocationServer(bb, 0.25 if c.value is None else c.value, _seed(c),
-                                                          kvcomm_config(c)),
+    "random-alloc": lambda bb, c: RandomAllocationServer(bb, value_of(c), _seed(c), kvcomm_config(c)),
     "bcr-chunk": _repair(lambda c: DraftSelector(), "chunk"),
     "bcr-grow": _repair(lambda c: DraftSelector(), "grow"),
     "bcr-single": _repair(lambda c: DraftSelector(), "single"),

@@ -37,16 +37,15 @@ from scipy import stats as scipy_stats
 from tqdm.auto import tqdm
 
 from bcr_core import tasks
-from bcr_core.anchors import KVCommConfig
-from bcr_core.conditions import DEFAULT_RHO, layout_config, make_server, parse
+from bcr_core.conditions import DEFAULT_RHO, DEFAULT_VALUES, layout_config, make_server, parse, value_of
 from bcr_core.draft_scores import row_scores
 from bcr_core.kv import KV
 from bcr_core.layouts import LayoutConfig, layout
 from bcr_core.pipeline import Pipeline
 from bcr_core.prompts import tokenization_diff
-from bcr_core.runner import Cell, read_jsonl, run_cell
+from bcr_core.runner import Cell, paired_only, read_jsonl, run_cell
 from bcr_core.serving import DenseServer
-from bcr_core.stats import line_residuals, mcnemar_exact, paired_table, wilson_ci
+from bcr_core.stats import discordant, line_residuals, mcnemar_exact, paired_table, wilson_ci
 
 # ============================================================================ runs on disk
 
@@ -103,11 +102,6 @@ def label(condition: str) -> str:
     return parse(condition).label
 
 
-# The main value each condition takes when none is written (bcr_core.conditions): the gate for
-# kvcomm, OpenGate's theta, random-alloc's probability, the budget rho for the repairs.
-VALUE_DEFAULTS = {"kvcomm": KVCommConfig.gamma, "opengate": 0.5, "random-alloc": 0.25,
-                  **{name: DEFAULT_RHO for name in ("bcr-chunk", "bcr-grow", "bcr-single", "coin-chunk", "coin-single",
-                                                    "cacheblend-cost")}}
 OPTION_DEFAULTS = {"chunk": LayoutConfig.chunk, "tau": LayoutConfig.tau, "span_cap": LayoutConfig.span_cap, "seed": 0}
 
 
@@ -118,10 +112,10 @@ def canonical(condition: str) -> tuple:
     options = {k: float(v) for k, v in c.options.items()}
     value = c.value
     if c.name == "kvcomm":  # its value is the gate; a gamma option overrides it
-        value = options.pop("gamma", VALUE_DEFAULTS["kvcomm"] if value is None else value)
+        value = options.pop("gamma", DEFAULT_VALUES["kvcomm"] if value is None else value)
     elif value is None:
-        value = VALUE_DEFAULTS.get(c.name)
-    gate = 1.0 if c.name == "opengate" else VALUE_DEFAULTS["kvcomm"]
+        value = DEFAULT_VALUES.get(c.name)
+    gate = 1.0 if c.name == "opengate" else DEFAULT_VALUES["kvcomm"]
     defaults = OPTION_DEFAULTS | {"gamma": gate}
     options = {k: v for k, v in options.items() if defaults.get(k) != v}
     return c.name, value, tuple(sorted(options.items()))
@@ -130,9 +124,9 @@ def canonical(condition: str) -> tuple:
 def condition(name: str, value: float | None = None, **options) -> str:
     """A condition label from its parts, leaving out options at their defaults:
     condition("bcr-chunk", 0.2, chunk=64) == "bcr-chunk@0.2"; condition("kvcomm", 0.3) == "kvcomm"."""
-    if name == "kvcomm" and value == VALUE_DEFAULTS["kvcomm"]:
+    if name == "kvcomm" and value == DEFAULT_VALUES["kvcomm"]:
         value = None
-    gate = 1.0 if name == "opengate" else VALUE_DEFAULTS["kvcomm"]
+    gate = 1.0 if name == "opengate" else DEFAULT_VALUES["kvcomm"]
     defaults = OPTION_DEFAULTS | {"gamma": gate}
     kept = {k: v for k, v in options.items() if v is not None and defaults.get(k) != v}
     spec = name + ("" if value is None else f"@{value:g}")
@@ -254,13 +248,6 @@ def with_agreement(items: pd.DataFrame, dense: str = "dense") -> pd.DataFrame:
     return items.assign(agrees_dense=items["final_text"].to_numpy() == reference.reindex(items["item_id"]).to_numpy())
 
 
-def paired_only(items: pd.DataFrame) -> pd.DataFrame:
-    """The items every condition finished (every comparison is paired)."""
-    n_conditions = items["condition"].nunique()
-    complete = items.groupby("item_id")["condition"].nunique() == n_conditions
-    return items[items["item_id"].isin(complete[complete].index)]
-
-
 def condition_table(items: pd.DataFrame, reference: str, dense: str = "dense", value: str = "correct") -> pd.DataFrame:
     """One row per condition: accuracy (Wilson 95%), Dense-agreement, reuse rate, rows per call,
     TTFT, and the paired split against `reference` on `value`: b counts items the row's
@@ -337,7 +324,7 @@ def block_table(items: pd.DataFrame, dense: str, reuse: str, block: int) -> pd.D
 
     def row(name, index):
         d, r = wide.loc[index, dense], wide.loc[index, reuse]
-        b, c = int((d & ~r).sum()), int((~d & r).sum())
+        b, c = discordant(d, r)
         return {"items": name, "n": len(index), "reuse_rate": float(reuse_rate.loc[index].mean()),
                 "dense_acc": float(d.mean()), "reuse_acc": float(r.mean()),
                 "delta_points": 100 * float(r.mean() - d.mean()),
@@ -383,7 +370,7 @@ def condition_budget(condition: str) -> tuple[str, float, LayoutConfig] | None:
     c = parse(condition)
     if c.name not in LAYOUT_OF:
         return None
-    rho = 1.0 - c.value if c.name == "cacheblend-reuse" else (DEFAULT_RHO if c.value is None else c.value)
+    rho = 1.0 - c.value if c.name == "cacheblend-reuse" else value_of(c)
     return LAYOUT_OF[c.name], rho, layout_config(c)
 
 
@@ -536,7 +523,7 @@ def decomposition(items: pd.DataFrame, dense: str, matched: str, reuse: str) -> 
     for term, first, second in [("tokenization", dense, matched), ("approximation", matched, reuse),
                                 ("total", dense, reuse)]:
         a, b_ = wide[first], wide[second]
-        b, c = int((a & ~b_).sum()), int((~a & b_).sum())
+        b, c = discordant(a, b_)
         rows.append({"term": term, "first": first, "second": second, "points": 100 * float(a.mean() - b_.mean()),
                      "b": b, "c": c, "p_exact": mcnemar_exact(b, c),
                      "second_agrees_dense": float(agree[second].mean())})

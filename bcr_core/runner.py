@@ -154,6 +154,13 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True) -> pd.DataFrame:
     return pd.DataFrame(read_jsonl(files.items_path))
 
 
+def paired_only(items: pd.DataFrame) -> pd.DataFrame:
+    """The items every condition finished (every comparison is paired)."""
+    n_conditions = items["condition"].nunique()
+    complete = items.groupby("item_id")["condition"].nunique() == n_conditions
+    return items[items["item_id"].isin(complete[complete].index)]
+
+
 def same(a: pd.Series, b: pd.Series) -> pd.Series:
     """Elementwise equality where two missing answers (nothing extracted) also count as the same."""
     return (a == b) | (a.isna() & b.isna())
@@ -167,8 +174,7 @@ def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "d
     Only items every condition finished are used, so every comparison is paired.
     """
     conditions = list(dict.fromkeys(items["condition"]))
-    complete = items.groupby("item_id")["condition"].nunique() == len(conditions)
-    items = items[items["item_id"].isin(complete[complete].index)]
+    items = paired_only(items)
     table = items.pivot(index="item_id", columns="condition")
     reference = reference or ("kvcomm" if "kvcomm" in conditions else conditions[0])
     rows = []
