@@ -103,6 +103,8 @@ class KV:
 
     @staticmethod
     def from_cache(cache: DynamicCache, positions: torch.Tensor) -> KV:
-        keys = torch.stack([layer.keys for layer in cache.layers])
-        values = torch.stack([layer.values for layer in cache.layers])
+        """The cache's first len(positions) rows, at those positions (later rows are not copied)."""
+        n = len(positions)
+        keys = torch.stack([layer.keys[:, :, :n] for layer in cache.layers])
+        values = torch.stack([layer.values[:, :, :n] for layer in cache.layers])
         return KV(keys, values, torch.as_tensor(positions, dtype=torch.long, device=keys.device))

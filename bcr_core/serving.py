@@ -168,7 +168,7 @@ class KVCommServer:
         if served is None:
             kv = self.bb.prefill(ids[:-1])
             generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
-            full = KV.from_cache(generation.cache, torch.arange(generation.cache.get_seq_length())).truncate(len(ids))
+            full = KV.from_cache(generation.cache, torch.arange(len(ids)))  # the prompt's rows, the last included
             self.store_anchors(ids, spans, node, full)
             served = Served(kv, generation.tokens, ttft, total)
         return CallRecord(

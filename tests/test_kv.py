@@ -58,6 +58,8 @@ def test_cache_round_trip_shares_storage_and_is_not_written_by_appends():
     cache.update(new, new, layer_idx=0)  # what a forward pass does
     assert cache.layers[0].keys.shape[-2] == 7
     assert torch.equal(kv.keys, before.keys)
+    first = KV.from_cache(kv.to_cache(), torch.arange(4))  # only the first len(positions) rows
+    assert torch.equal(first.values, kv.values[:, :, :, :4])
 
 
 def test_shape_mismatch_is_an_error():
