@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bcr_core.kv import KV
+from bcr_core.kv import KV, ROW_DIM
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,7 @@ class AnchorPool:
         elif len(eligible) < 2:
             decision.reason = TOO_SHORT
         else:
-            n = candidate_base.length
-            stacked = torch.stack([a.base_values[:, :, :, :n] for a in eligible])
-            distances = (stacked - candidate_base.values).flatten(1).double().norm(dim=1)
+            distances = torch.stack([value_distance(a, candidate_base) for a in eligible])
             s = torch.softmax(-distances, dim=0)
             decision.entropy = entropy_bits(s)
             decision.threshold = self.config.gamma * math.log2(len(eligible))
@@ -172,6 +170,17 @@ class AnchorPool:
         return victim
 
 
+def value_distance(anchor: Anchor, candidate_base: KV) -> torch.Tensor:
+    """L2 distance (float64) between the candidate's base values and the anchor's first rows.
+
+    Squares are summed per row in float32 (64 terms) and across rows in float64, which keeps
+    double-precision accuracy without a float64 copy of a cache-sized tensor.
+    """
+    n = candidate_base.length
+    per_row = torch.linalg.vector_norm(anchor.base_values[:, :, :, :n] - candidate_base.values, dim=-1)
+    return per_row.double().square().sum().sqrt()
+
+
 def predict(base: KV, deviations: list[KV], weights: list[float]) -> KV:
     """base + sum_j w_j * deviation_j over the base's rows, layer 0 left exact (frame of `base`)."""
     n = base.length
@@ -181,6 +190,20 @@ def predict(base: KV, deviations: list[KV], weights: list[float]) -> KV:
     d_keys[0] = 0
     d_values[0] = 0
     return KV(base.keys + d_keys, base.values + d_values, base.positions)
+
+
+def predict_into(keys: torch.Tensor, values: torch.Tensor, base: KV, deviations: list[KV], weights: list[float],
+                 rotate) -> None:
+    """`predict` for the first keys.shape[3] rows, with the keys' shift applied by `rotate(src, out)`,
+    written straight into the (L, B, H, n, D) views `keys` and `values` of an assembled cache.
+    Same result as shift(predict(...)) up to float rounding, without stacking or concatenating."""
+    n = keys.shape[ROW_DIM]
+    values.copy_(base.values[:, :, :, :n])
+    moved = base.keys[:, :, :, :n].clone()
+    for w, d in zip(weights, deviations):  # layer 0 stays exact
+        values[1:].add_(d.values[1:, :, :, :n], alpha=w)
+        moved[1:].add_(d.keys[1:, :, :, :n], alpha=w)
+    rotate(moved, keys)
 
 
 def deviation(real: KV, base: KV) -> KV:

@@ -203,9 +203,9 @@ class Backbone:
         return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
 
     # -- positions ------------------------------------------------------------------------
-    def rerotate(self, keys: torch.Tensor, delta) -> torch.Tensor:
-        """Keys (..., T, D) moved by `delta` positions (a scalar, or one per row)."""
-        return rerotate(keys, delta, self.model.base_model.rotary_emb)
+    def rerotate(self, keys: torch.Tensor, delta, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Keys (..., T, D) moved by `delta` positions (a scalar, or one per row), into `out` if given."""
+        return rerotate(keys, delta, self.model.base_model.rotary_emb, out=out)
 
     def shift(self, kv: KV, delta: int) -> KV:
         """The span moved `delta` positions later: keys re-rotated, values unchanged."""

@@ -34,8 +34,10 @@ def print_table(table, args, digits: int | None = None) -> int:
 
 
 def load_backbone(args):
+    from bcr_core.allocator import keep_freed_memory
     from bcr_core.backbone import Backbone
 
+    keep_freed_memory()
     return Backbone.load(args.model)
 
 

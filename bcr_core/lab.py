@@ -218,8 +218,10 @@ def lazy_backbone(model: str = "default") -> Callable:
 
     def get():
         if "bb" not in loaded:
+            from bcr_core.allocator import keep_freed_memory
             from bcr_core.backbone import Backbone
 
+            keep_freed_memory()
             loaded["bb"] = Backbone.load(model)
         return loaded["bb"]
 

@@ -21,13 +21,28 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def rotation(rotary_emb: torch.nn.Module, delta: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (float32) of the rotation by `delta` positions (shape (T,) or scalar), shaped (T, D)."""
     delta = torch.as_tensor(delta, device=like.device).reshape(1, -1)
-    cos, sin = rotary_emb(like.float(), delta)
+    probe = torch.empty(0, dtype=torch.float32, device=like.device)  # the module reads only dtype and device
+    cos, sin = rotary_emb(probe, delta)
     scale = getattr(rotary_emb, "attention_scaling", 1.0)
     return cos[0] / scale, sin[0] / scale
 
 
-def rerotate(keys: torch.Tensor, delta: int | torch.Tensor, rotary_emb: torch.nn.Module) -> torch.Tensor:
-    """Shift keys (..., T, D) by `delta` positions: one shift for all rows, or one per row (T,)."""
+def rerotate(keys: torch.Tensor, delta: int | torch.Tensor, rotary_emb: torch.nn.Module,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """Shift keys (..., T, D) by `delta` positions: one shift for all rows, or one per row (T,).
+
+    Computed in float32 as x cos + rotate_half(x) sin, half by half, written into `out` (which
+    may be a view into a larger cache) without intermediate full-size tensors.
+    """
     cos, sin = rotation(rotary_emb, delta, keys)
     exact = keys.float()
-    return (exact * cos + rotate_half(exact) * sin).to(keys.dtype)
+    rotated = torch.empty_like(exact) if out is None or out.dtype != torch.float32 else out
+    half = keys.shape[-1] // 2
+    x1, x2, r1, r2 = exact[..., :half], exact[..., half:], rotated[..., :half], rotated[..., half:]
+    torch.mul(x1, cos[..., :half], out=r1).addcmul_(x2, sin[..., :half], value=-1)
+    torch.mul(x2, cos[..., half:], out=r2).addcmul_(x1, sin[..., half:])
+    if out is None:
+        return rotated.to(keys.dtype)
+    if rotated is not out:
+        out.copy_(rotated)
+    return out

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from bcr_core.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict
+from bcr_core.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict_into
 from bcr_core.backbone import Backbone
 from bcr_core.kv import KV
 from bcr_core.prompts import Prompt, base_header, tokenize
@@ -193,19 +193,32 @@ class KVCommServer:
     def gate(self, ids: list[int], spans: list[dict], node: str) -> list[GateDecision]:
         return [self.pool.decide(v["name"], node, self.caches.base(rows(ids, v))) for v, _ in placeholder_spans(spans)]
 
+    @torch.inference_mode()
     def assemble(self, ids: list[int], spans: list[dict], node: str, decisions: list[GateDecision]) -> KV:
         """Prefix (exact) + each placeholder's predicted value and following text, keys re-rotated
-        to their offsets; one row short of the prompt."""
-        parts = [self.caches.prefix(rows(ids, spans[0]))]
+        to their offsets; one row short of the prompt. Written piece by piece into one cache."""
+        prefix = self.caches.prefix(rows(ids, spans[0]))
+        n = len(ids) - 1
+        shape = (*prefix.keys.shape[:3], n, prefix.keys.shape[-1])
+        keys, values = prefix.keys.new_empty(shape), prefix.values.new_empty(shape)
+        keys[:, :, :, : prefix.length] = prefix.keys
+        values[:, :, :, : prefix.length] = prefix.values
+        filled = prefix.length
         for (value, after), decision in zip(placeholder_spans(spans), decisions):
             weights = [w for _, w in decision.chosen]
             found = [a.deviations[node] for a, _ in decision.chosen]
-            predicted = predict(self.caches.base(rows(ids, value)), [d.segment for d in found], weights)
-            parts.append(self.bb.shift(predicted, value["start"]))
-            if after is not None:
-                predicted = predict(self.caches.base(rows(ids, after)), [d.after for d in found], weights)
-                parts.append(self.bb.shift(predicted, after["start"]))
-        return KV.cat(parts).truncate(len(ids) - 1)
+            pieces = [(value, [d.segment for d in found])] + ([(after, [d.after for d in found])] if after else [])
+            for span, deviations in pieces:
+                start, stop = span["start"], min(span["stop"], n)
+                if start != filled:
+                    raise ValueError(f"segment map leaves rows {filled}..{start} uncovered")
+                base = self.caches.base(rows(ids, span))
+                predict_into(keys[:, :, :, start:stop], values[:, :, :, start:stop], base, deviations, weights,
+                             lambda src, out, delta=start: self.bb.rerotate(src, delta, out=out))
+                filled = stop
+        if filled != n:
+            raise ValueError(f"segment map covers {filled} of the {n} cached rows")
+        return KV(keys, values, torch.arange(n, device=keys.device))
 
     @torch.inference_mode()
     def store_anchors(self, ids: list[int], spans: list[dict], node: str, full: KV) -> None:

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from bcr_core.allocator import keep_freed_memory
 from bcr_core.backbone import Backbone
 
 
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--model", default="default")
     args = parser.parse_args()
 
+    keep_freed_memory()
     start = time.perf_counter()
     bb = Backbone.load(args.model)
     print(f"load: {time.perf_counter() - start:.2f} s  (threads: {torch.get_num_threads()})")

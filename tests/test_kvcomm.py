@@ -7,10 +7,10 @@ import torch
 from scipy.stats import entropy
 
 from bcr_core.anchors import (ENTROPY, NO_ANCHORS, ONE_ANCHOR, REUSE, TOO_SHORT, AnchorPool, Deviation,
-                              KVCommConfig, top_p)
+                              KVCommConfig, predict, top_p)
 from bcr_core.kv import KV
 from bcr_core.pipeline import Pipeline
-from bcr_core.serving import DenseServer, KVCommServer
+from bcr_core.serving import DenseServer, KVCommServer, placeholder_spans, rows
 
 # --- the gate on hand-made caches ------------------------------------------------------------
 
@@ -181,3 +181,30 @@ def test_replaying_records_restores_the_pool_exactly(tiny_chat):
     (a,) = run_all(tiny_chat, original, QUESTIONS[3:])
     (b,) = run_all(tiny_chat, resumed, QUESTIONS[3:])
     assert [c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in a.calls] == [c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in b.calls]
+
+
+def reference_assembly(server, call) -> KV:
+    """Equation 1's prediction the slow way: predict, shift, concatenate (the written-out spec)."""
+    ids, spans, node = call.merged_ids, call.segment_map, call.node
+    parts = [server.caches.prefix(rows(ids, spans[0]))]
+    for (value, after), decision in zip(placeholder_spans(spans), call.decisions):
+        chosen = [next(a for a in server.pool.anchors(value["name"]) if a.serial == s) for s in decision["anchors"]]
+        found = [a.deviations[node] for a in chosen]
+        for span, deviations in [(value, [d.segment for d in found])] + ([(after, [d.after for d in found])] if after else []):
+            predicted = predict(server.caches.base(rows(ids, span)), deviations, decision["weights"])
+            parts.append(server.bb.shift(predicted, span["start"]))
+    return KV.cat(parts).truncate(len(ids) - 1)
+
+
+def test_fused_assembly_matches_predict_shift_concatenate(tiny_chat):
+    server = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    records = run_all(tiny_chat, server, QUESTIONS, tokens=12)
+    reused = [c for r in records for c in r.calls if c.mode == "reuse"]
+    assert len(reused) >= 3
+    for call in reused:
+        served, last = call.served
+        expected = reference_assembly(server, call)
+        assert torch.equal(served.positions, expected.positions)
+        assert torch.allclose(served.keys, expected.keys, atol=1e-5, rtol=0)
+        assert torch.allclose(served.values, expected.values, atol=1e-5, rtol=0)
+        assert tiny_chat.generate(expected, last, 12).tokens == call.output_tokens
