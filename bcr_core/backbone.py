@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from bcr_core.attention import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
 from bcr_core.kv import KV
 from bcr_core.models import check_architecture, default_device, default_dtype, load_pretrained
 from bcr_core.rope import rerotate
@@ -48,19 +49,31 @@ def as_ids(ids, device) -> torch.Tensor:
     return torch.as_tensor(ids, dtype=torch.long, device=device).reshape(-1)
 
 
-def repair_mask(positions: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask (1, 1, |rows|, T + |rows|) for recomputing `rows` against a T-row cache.
+def repair_mask(positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Which cache rows each recomputed row sees: (|rows|, T) bool, row j iff position_j <= p_i.
 
-    Query i (the row at position p_i) sees cache row j iff position_j <= p_i and j is not being
-    recomputed (its stale copy is hidden), and sees the fresh copy of selected row m iff p_m <= p_i.
+    The recomputed rows overwrite their stale copies layer by layer before attention
+    (`RowWriteCache`), so a row that sees another selected row sees its corrected value.
     """
-    selected = positions[rows]
-    stale = torch.zeros_like(positions, dtype=torch.bool).index_fill(0, rows, True)
-    see_cache = (positions[None, :] <= selected[:, None]) & ~stale[None, :]
-    see_fresh = selected[None, :] <= selected[:, None]
-    allowed = torch.cat([see_cache, see_fresh], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return positions[None, :] <= positions[rows][:, None]
+
+
+class RowWriteCache(DynamicCache):
+    """The cache of a repair: each layer's fresh keys/values of the selected rows are written over
+    their stale copies in `keys`/`values` (L, B, H, T, D), which the layer then attends to."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.rows = keys, values, rows
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.rows, key_states)
+        values.index_copy_(2, self.rows, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.keys.shape[3]
 
 
 class Backbone:
@@ -137,23 +150,29 @@ class Backbone:
             return self.prefill(ids, positions)
 
     @torch.inference_mode()
-    def repair(self, kv: KV, ids, rows) -> KV:
+    def repair(self, kv: KV, ids, rows, query_block: int = QUERY_BLOCK) -> KV:
         """Recompute `rows` of `kv` exactly (Algorithm 1); every other row is returned bit-identical.
 
-        `ids` are the token ids of all of `kv`'s rows, in row order.
+        `ids` are the token ids of all of `kv`'s rows, in row order. One forward over the selected
+        rows, on a copy of the cache; attention runs in blocks of `query_block` selected rows, each
+        over only the key rows it can see.
         """
         ids = as_ids(ids, self.device)
         if ids.numel() != kv.length:
             raise ValueError(f"repair needs one token id per cache row: got {ids.numel()} ids for {kv.length} rows")
         rows = self._check_rows(rows, kv.length)
         positions = kv.positions.to(self.device)
-        cache = kv.to_cache()
-        mask = repair_mask(positions, rows, self.dtype)
-        self.model.base_model(
-            input_ids=ids[rows][None], position_ids=positions[rows][None], attention_mask=mask, cache=cache, use_cache=True
-        )
-        fresh = KV.from_cache(cache, torch.cat([positions, positions[rows]])).slice(kv.length)
-        return kv.replace(rows, fresh)
+        repaired = kv.clone()
+        allowed = repair_mask(positions, rows)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        with self.attention_implementation(BLOCKED):
+            self.model.base_model(
+                input_ids=ids[rows][None], position_ids=positions[rows][None], attention_mask=mask[None, None],
+                cache=RowWriteCache(repaired.keys, repaired.values, rows), use_cache=True,
+                query_blocks=key_extents(allowed, query_block),
+            )
+        return repaired
 
     @torch.inference_mode()
     def draft(self, kv: KV, last_id: int, k: int = 2) -> Draft:
@@ -166,7 +185,7 @@ class Backbone:
             raise ValueError(f"draft length k must be >= 1, got {k}")
         cache, position, token = kv.to_cache(), kv.next_position, int(last_id)
         tokens, attention = [], []
-        with self.attention_implementation("eager"):
+        with self.attention_implementation(GROUPED_EAGER):
             for _ in range(k):
                 out = self._step(cache, token, position, output_attentions=True)
                 attention.append(torch.stack([a[0, :, -1, : kv.length] for a in out.attentions]))
