@@ -27,7 +27,7 @@ class BCRServer(KVCommServer):
             rows = self.layout.rows(scores, self.rho).tolist()
         if rows:
             kv = self.bb.repair(kv, ids[:-1], rows)
-        generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
+        generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
         return Served(kv, generation.tokens, ttft, total, rows)
 
     def replay(self, call: dict) -> None:

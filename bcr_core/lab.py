@@ -652,7 +652,7 @@ class Recorder:
 
             def capture(kv, ids, max_new_tokens, started):
                 self._assembled = kv
-                return original(kv, ids, max_new_tokens, started)
+                return (yield from original(kv, ids, max_new_tokens, started))
 
             server.serve_assembled = capture
 

@@ -15,7 +15,7 @@ import torch
 
 from bcr_core.anchors import KVCommConfig
 from bcr_core.kv import KV
-from bcr_core.serving import KVCommServer, Served
+from bcr_core.serving import Decode, KVCommServer, Served
 
 
 class OpenGateServer(KVCommServer):
@@ -30,7 +30,7 @@ class OpenGateServer(KVCommServer):
 
     def serve_assembled(self, kv, ids, max_new_tokens, started):
         steps = min(self.k, max_new_tokens)
-        draft = self.bb.generate(kv, ids[-1], steps, keep_logits=True)
+        draft = yield Decode(kv, ids[-1], steps, keep_logits=True)
         confidence = float(torch.stack(draft.logits).softmax(-1).amax(-1).mean())
         if confidence < self.theta:
             return None
@@ -38,5 +38,5 @@ class OpenGateServer(KVCommServer):
         if not draft.stopped and len(tokens) < max_new_tokens:
             cache = draft.cache  # rows: the prompt's last token and all drafted tokens but the last
             grown = KV.from_cache(cache, torch.arange(cache.get_seq_length(), device=kv.keys.device))
-            tokens += self.bb.generate(grown, tokens[-1], max_new_tokens - len(tokens)).tokens
+            tokens += (yield Decode(grown, tokens[-1], max_new_tokens - len(tokens))).tokens
         return Served(kv, tokens, draft.first_token_at - started, time.perf_counter() - started)

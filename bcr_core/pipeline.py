@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from bcr_core.fidelity import call_fidelity
 from bcr_core.graph import FINAL, full_connected
 from bcr_core.prompts import QUESTION, agent_placeholder, build_prompt
-from bcr_core.serving import CallRecord
+from bcr_core.serving import CallRecord, drive
 
 NO_ANSWER = "(no answer)"  # stands in for an empty agent output: a placeholder cannot be empty
 
@@ -69,18 +69,30 @@ class Pipeline:
         With a `reference` server (Dense), every call's prompt is also served by it and the call
         records its in-situ fidelity: identical output, first-token agreement, teacher-forced KL.
         """
+        return drive(self.bb, self.steps(server, item_id, question, reference, keep_caches))
+
+    def steps(self, server, item_id: str, question: str, reference=None, keep_caches: bool = False):
+        """`run` as steps that yield every call's `Decode` requests (for the batched runner)."""
         if not question.strip():
             raise ValueError(f"item {item_id} has an empty question")
         values = {QUESTION: question}
         record = RequestRecord(str(item_id), self.benchmark, server.name)
         for i, template in enumerate(self.templates, start=1):
             prompt = build_prompt(self.bb.tokenizer, template, values)
-            call = server.serve(prompt, self.max_new_tokens)
+            call = yield from call_steps(server, prompt, self.max_new_tokens)
             if reference is not None:
-                call.fidelity = call_fidelity(self.bb, reference.serve(prompt, self.max_new_tokens), call)
+                dense = yield from call_steps(reference, prompt, self.max_new_tokens)
+                call.fidelity = call_fidelity(self.bb, dense, call)
             if not keep_caches:
                 call.served = None
             record.calls.append(call)
             if template.node != FINAL:
                 values[agent_placeholder(i)] = call.output_text if call.output_text.strip() else NO_ANSWER
         return record
+
+
+def call_steps(server, prompt, max_new_tokens: int):
+    """A server's steps for one call; a server with only `serve` decodes inside it."""
+    if hasattr(server, "steps"):
+        return (yield from server.steps(prompt, max_new_tokens))
+    return server.serve(prompt, max_new_tokens)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
+from typing import Generator
 
 import torch
 
 from bcr_core.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict_into
-from bcr_core.backbone import Backbone
+from bcr_core.backbone import Backbone, Generation
 from bcr_core.kv import KV
 from bcr_core.prompts import Prompt, base_header, tokenize
 
@@ -52,10 +53,46 @@ class CallRecord:
         return record
 
 
-def decode_call(bb: Backbone, kv: KV, last_id: int, max_new_tokens: int, started: float):
-    """Greedy decoding from a served cache; TTFT and total seconds counted from `started`."""
-    generation = bb.generate(kv, last_id, max_new_tokens)
+@dataclass
+class Decode:
+    """What a server's `steps` yields when it needs greedy decoding from a served cache; it is sent
+    back the `Generation`. Whoever drives the steps decides when and how: `drive` decodes at once,
+    the batched runner decodes the requests of several calls together."""
+
+    kv: KV
+    last_id: int
+    max_new_tokens: int
+    keep_logits: bool = False
+
+
+def drive(bb: Backbone, steps: Generator):
+    """Run a server's (or pipeline's) steps to the end, decoding each request as it comes."""
+    value = None
+    while True:
+        try:
+            request = steps.send(value)
+        except StopIteration as done:
+            return done.value
+        value = bb.generate(request.kv, request.last_id, request.max_new_tokens, keep_logits=request.keep_logits)
+
+
+def decode_call(kv: KV, last_id: int, max_new_tokens: int, started: float):
+    """Greedy decoding from a served cache (yields one `Decode`); TTFT and total seconds counted from `started`."""
+    generation = yield Decode(kv, last_id, max_new_tokens)
     return generation, generation.first_token_at - started, time.perf_counter() - started
+
+
+class Server:
+    """A serving policy. `steps(prompt, max_new_tokens)` is a generator that yields `Decode`
+    requests and returns the `CallRecord`; `serve` runs it with immediate decoding."""
+
+    bb: Backbone
+
+    def serve(self, prompt: Prompt, max_new_tokens: int) -> CallRecord:
+        return drive(self.bb, self.steps(prompt, max_new_tokens))
+
+    def steps(self, prompt: Prompt, max_new_tokens: int) -> Generator[Decode, Generation, CallRecord]:
+        raise NotImplementedError
 
 
 @dataclass
@@ -67,19 +104,21 @@ class Served:
     repaired_rows: list[int] = field(default_factory=list)
 
 
-class DenseServer:
+class DenseServer(Server):
     """Prefill the whole prompt: the chat template's ids, or the reuse path's (token-matched)."""
+
+    stateless = True  # calls do not depend on earlier calls: items may be served in any order
 
     def __init__(self, bb: Backbone, token_matched: bool = False):
         self.bb = bb
         self.token_matched = token_matched
         self.name = "token-matched-dense" if token_matched else "dense"
 
-    def serve(self, prompt: Prompt, max_new_tokens: int) -> CallRecord:
+    def steps(self, prompt: Prompt, max_new_tokens: int):
         ids = prompt.merged_ids if self.token_matched else prompt.dense_ids
         started = time.perf_counter()
         kv = self.bb.prefill(ids[:-1])
-        generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
+        generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
         return CallRecord(
             prompt.template.node, prompt.template.role, self.name, "dense", "dense", ids, prompt.dense_ids,
             prompt.merged_ids, generation.tokens, self.bb.decode(generation.tokens), ttft, total,
@@ -139,8 +178,10 @@ def rows(ids: list[int], span: dict) -> list[int]:
     return ids[span["start"] : span["stop"]]
 
 
-class KVCommServer:
+class KVCommServer(Server):
     """The reuse baseline: anchor pool, entropy gate, offset prediction, dense fallback."""
+
+    stateless = False  # the anchor pool carries every call into the next
 
     def __init__(self, bb: Backbone, config: KVCommConfig = KVCommConfig(), name: str | None = None):
         self.bb = bb
@@ -149,7 +190,7 @@ class KVCommServer:
         self.caches = SegmentCaches(bb)
         self.name = name or (f"kvcomm@{config.gamma:g}" if config.gamma != KVCommConfig.gamma else "kvcomm")
 
-    def serve(self, prompt: Prompt, max_new_tokens: int) -> CallRecord:
+    def steps(self, prompt: Prompt, max_new_tokens: int):
         self.caches.prepare(prompt)
         ids, spans, node = prompt.merged_ids, prompt.segment_map(), prompt.template.node
         started = time.perf_counter()
@@ -159,7 +200,7 @@ class KVCommServer:
         if reason == REUSE:
             assembled = self.assemble(ids, spans, node, decisions)
             assembly_s = time.perf_counter() - started
-            served = self.serve_assembled(assembled, ids, max_new_tokens, started)
+            served = yield from self.serve_assembled(assembled, ids, max_new_tokens, started)
             if served is None:
                 reason = self.refusal
             else:
@@ -167,7 +208,7 @@ class KVCommServer:
                     self.pool.activate(d)
         if served is None:
             kv = self.bb.prefill(ids[:-1])
-            generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
+            generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
             full = KV.from_cache(generation.cache, torch.arange(len(ids)))  # the prompt's rows, the last included
             self.store_anchors(ids, spans, node, full)
             served = Served(kv, generation.tokens, ttft, total)
@@ -185,9 +226,10 @@ class KVCommServer:
         """The call's reason: reuse iff every placeholder passed the gate."""
         return next((d.reason for d in decisions if not d.reuse), REUSE)
 
-    def serve_assembled(self, kv: KV, ids: list[int], max_new_tokens: int, started: float) -> Served | None:
-        """Decode from the assembled cache as it is (KVComm). None sends the call to the dense path."""
-        generation, ttft, total = decode_call(self.bb, kv, ids[-1], max_new_tokens, started)
+    def serve_assembled(self, kv: KV, ids: list[int], max_new_tokens: int, started: float):
+        """Decode from the assembled cache as it is (KVComm); steps returning a `Served`, or None
+        to send the call to the dense path."""
+        generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
         return Served(kv, generation.tokens, ttft, total)
 
     def gate(self, ids: list[int], spans: list[dict], node: str) -> list[GateDecision]:
