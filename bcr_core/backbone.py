@@ -76,6 +76,13 @@ class RowWriteCache(DynamicCache):
         return self.keys.shape[3]
 
 
+def row_cache(cache: DynamicCache, row: int, start: int) -> DynamicCache:
+    """Batch row `row` of a batched cache from column `start` on (its padding dropped), as its own cache."""
+    keys = torch.stack([layer.keys[row : row + 1, :, start:] for layer in cache.layers])
+    values = torch.stack([layer.values[row : row + 1, :, start:] for layer in cache.layers])
+    return KV(keys, values, torch.arange(keys.shape[3], device=keys.device)).to_cache()
+
+
 class Backbone:
     def __init__(self, model, tokenizer=None, name: str = "custom"):
         check_architecture(model.config)
@@ -220,6 +227,61 @@ class Backbone:
             tokens.append(token)
             position += 1
         return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
+
+    @torch.inference_mode()
+    def generate_batch(self, requests: list[tuple[KV, int, int]], stop_ids=None) -> list[Generation]:
+        """`generate` for several (cache, last id, max new tokens) at once, caches of any lengths.
+
+        Caches are left-padded to one length and the padding is masked; each row keeps its own
+        positions. A row leaves the batch when it stops, and its `Generation.cache` holds its own
+        rows only. One request takes `generate`'s path unchanged. Greedy tokens equal batch-size-1
+        decoding up to float rounding in the batched matrix products (a near-tie can flip).
+        """
+        if len(requests) == 1:
+            kv, last_id, max_new_tokens = requests[0]
+            return [self.generate(kv, last_id, max_new_tokens, stop_ids)]
+        if min(n for _, _, n in requests) < 1:
+            raise ValueError("generate_batch needs max_new_tokens >= 1 for every request")
+        stop = set(self.stop_ids if stop_ids is None else stop_ids)
+        lengths = [kv.length for kv, _, _ in requests]
+        width = max(lengths)
+        first = requests[0][0]
+        shape = (first.num_layers, len(requests), first.keys.shape[2], width, first.keys.shape[4])
+        keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
+        visible = torch.zeros(len(requests), width, dtype=torch.bool, device=self.device)
+        for i, (kv, _, _) in enumerate(requests):
+            keys[:, i, :, width - kv.length :] = kv.keys[:, 0]
+            values[:, i, :, width - kv.length :] = kv.values[:, 0]
+            visible[i, width - kv.length :] = True
+        cache = KV(keys, values, torch.arange(width)).to_cache()
+        rows = list(range(len(requests)))  # batch row -> request
+        token = torch.tensor([last_id for _, last_id, _ in requests], device=self.device)
+        position = torch.tensor([kv.next_position for kv, _, _ in requests], device=self.device)
+        tokens, results, first_token_at = [[] for _ in requests], [None] * len(requests), None
+        while rows:
+            visible = torch.cat([visible, visible.new_ones(len(rows), 1)], dim=1)
+            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+            out = self.model(input_ids=token[:, None], position_ids=position[:, None], attention_mask=mask[:, None, None],
+                             cache=cache, use_cache=True, logits_to_keep=1)
+            token = out.logits[:, -1].argmax(-1)
+            first_token_at = first_token_at or time.perf_counter()
+            keep = []
+            for b, (r, t) in enumerate(zip(rows, token.tolist())):
+                stopped = t in stop
+                if not stopped:
+                    tokens[r].append(t)
+                if stopped or len(tokens[r]) == requests[r][2]:
+                    results[r] = Generation(tokens[r], stopped, first_token_at, [], row_cache(cache, b, width - lengths[r]))
+                else:
+                    keep.append(b)
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                for layer in cache.layers:
+                    layer.keys, layer.values = layer.keys[index], layer.values[index]
+                rows, visible, token, position = [rows[b] for b in keep], visible[index], token[index], position[index]
+            position = position + 1
+        return results
 
     # -- positions ------------------------------------------------------------------------
     def rerotate(self, keys: torch.Tensor, delta, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -89,7 +89,7 @@ def cmd_run(args) -> int:
     extra = {"seed": args.item_seed} if args.benchmark == "synthetic" else {}
     cell = Cell(args.benchmark, args.agents, tuple(conditions), args.n, args.max_new_tokens, args.pinned,
                 args.model, args.reference, extra, args.fidelity)
-    items = run_cell(load_backbone(args), cell, args.out, progress=True)
+    items = run_cell(load_backbone(args), cell, args.out, progress=True, batch=args.batch)
     table = summarize(items, reference=args.reference)
     (args.out / "summary.csv").write_text(table.to_csv(index=False))
     return print_table(table, args, digits=3)
@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=512)
     run.add_argument("--reference", default=None, help="condition the b/c splits are taken against (default kvcomm)")
     run.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
+    run.add_argument("--batch", type=int, default=1,
+                     help="requests served at once with batched decoding (same tokens; call times then include waiting)")
     run.add_argument("--fidelity", action="store_true",
                      help="also serve every call densely: per-call first-token agreement and teacher-forced KL")
     add_common(run)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from bcr_core import tasks
+from bcr_core.batching import Unit, run_lanes
 from bcr_core.conditions import make_server, parse
 from bcr_core.pipeline import Pipeline
 from bcr_core.serving import DenseServer
@@ -130,28 +132,46 @@ def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> 
     }
 
 
-def run_cell(bb, cell: Cell, out: Path, progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) a cell; returns the tidy per-item table."""
+def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -> pd.DataFrame:
+    """Run (or resume) a cell; returns the tidy per-item table.
+
+    `batch` > 1 serves up to that many requests at once with their decoding batched
+    (`batching.run_lanes`): Dense's items in any order, each stateful condition's items one at a
+    time in order, so results equal batch size 1 up to float rounding in batched decoding. Call
+    times then include waiting for the batch; measure latency at batch size 1 or with `bcr ttft`.
+    """
     files = RunFiles(out, cell)
     done, done_calls = files.finished()
     items = tasks.load_items(cell.benchmark, cell.n, **cell.extra)
     pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
     servers = {c: make_server(bb, c) for c in cell.conditions}
     reference = DenseServer(bb) if cell.fidelity else None
-    bar = tqdm(total=len(items) * len(servers), disable=not progress, desc=f"{cell.benchmark} x{cell.n_agents}")
+    units = []
     for index, item in enumerate(items):
-        item_id = str(item["id"])
         for condition, server in servers.items():
-            if (condition, item_id) in done:
-                for call in done_calls.get((condition, item_id), []):
+            if (condition, str(item["id"])) in done:  # a stateful condition's finished items are a prefix
+                for call in done_calls.get((condition, str(item["id"])), []):
                     getattr(server, "replay", lambda call: None)(call)
             else:
-                request = pipeline.run(server, item_id, tasks.question_text(cell.benchmark, item), reference=reference)
-                record = item_record(cell, condition, index, item, request)
-                files.append(record, [c.to_dict() | {"condition": condition, "item_id": item_id} for c in request.calls])
-            bar.update(1)
+                question = tasks.question_text(cell.benchmark, item)
+                units.append(Unit((condition, index), partial(pipeline.steps, server, str(item["id"]), question, reference)))
+    bar = tqdm(total=len(items) * len(servers), initial=len(items) * len(servers) - len(units), disable=not progress,
+               desc=f"{cell.benchmark} x{cell.n_agents}")
+
+    def may_start(unit: Unit, running: list[Unit]) -> bool:
+        condition = unit.key[0]
+        return getattr(servers[condition], "stateless", False) or all(r.key[0] != condition for r in running)
+
+    def finished(unit: Unit, request) -> None:
+        condition, index = unit.key
+        record = item_record(cell, condition, index, items[index], request)
+        files.append(record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls])
+        bar.update(1)
+
+    run_lanes(bb, units, batch, may_start, finished)
     bar.close()
-    return pd.DataFrame(read_jsonl(files.items_path))
+    table = pd.DataFrame(read_jsonl(files.items_path))
+    return table.sort_values("index", kind="stable").reset_index(drop=True) if len(table) else table
 
 
 def paired_only(items: pd.DataFrame) -> pd.DataFrame:

@@ -205,3 +205,20 @@ def test_non_rope_architecture_is_refused():
 def test_unknown_model_is_a_clear_error(name):
     with pytest.raises(ModelError, match="unknown model"):
         Backbone.load(name)
+
+
+def test_batched_generation_equals_one_at_a_time(tiny):
+    """Caches of different lengths, positions not starting at 0, one row stopping early."""
+    requests = []
+    for i, n in enumerate([5, 17, 40, 33]):
+        ids = random_ids(n + 1, seed=10 + i)
+        requests.append((tiny.prefill(ids[:-1], positions=torch.arange(7 * i, 7 * i + n)), ids[-1], 6 + 3 * i))
+    stop = tiny.generate(*requests[2], stop_ids=()).tokens[4]  # row 2 stops at its fifth token
+    single = [tiny.generate(*r, stop_ids=(stop,)) for r in requests]
+    batch = tiny.generate_batch(requests, stop_ids=(stop,))
+    assert single[2].stopped and len(single[2].tokens) == 4
+    for (kv, _, _), s, b in zip(requests, single, batch):
+        assert b.tokens == s.tokens and b.stopped == s.stopped
+        assert b.cache.get_seq_length() == s.cache.get_seq_length()
+        rows = torch.arange(kv.length + 1)
+        assert close(KV.from_cache(b.cache, rows), KV.from_cache(s.cache, rows))

@@ -87,3 +87,41 @@ def test_bad_cells_are_clear_errors():
         Cell("gsm8k", 3, ("densest",), 2)
     with pytest.raises(ValueError, match="exceeds the 100 items"):
         runner.tasks.load_items("gsm8k", 101)
+
+
+BATCHED = Cell(benchmark="synthetic", n_agents=2, n=6, max_new_tokens=10, extra={"seed": 11},
+               conditions=("dense", "kvcomm@1", "bcr-chunk@0.5:gamma=1", "coin-single@0.3:gamma=1,seed=3",
+                           "opengate@0.2", "token-matched-dense"))
+
+
+@pytest.mark.parametrize("batch", [3, 8])
+def test_batched_runner_gives_the_tokens_of_batch_size_one(tiny_chat, tmp_path, batch):
+    """Every call of every condition: same output tokens, gate decisions and repaired rows."""
+    one = runner.read_jsonl
+    run_cell(tiny_chat, BATCHED, tmp_path / "one", progress=False)
+    run_cell(tiny_chat, BATCHED, tmp_path / "many", progress=False, batch=batch)
+    key = lambda r: (r["condition"], r["item_id"], r["node"])
+    calls = {d: sorted(strip(one(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
+    assert len(calls["one"]) == 6 * 6 * 3
+    assert calls["many"] == calls["one"]
+    assert any(c["mode"] == "reuse" and c["rows_recomputed"] for c in calls["one"])  # repairs were batched too
+
+
+def test_batched_runner_serves_a_stateful_condition_one_item_at_a_time(tiny_chat, tmp_path, monkeypatch):
+    starts = []  # (unit started, units running beside it)
+    original = runner.run_lanes
+
+    def spy(bb, units, width, may_start, finished):
+        def recorded(unit, running):
+            allowed = may_start(unit, running)  # run_lanes starts the first unit allowed
+            if allowed:
+                starts.append((unit.key, [r.key for r in running]))
+            return allowed
+        return original(bb, units, width, recorded, finished)
+
+    monkeypatch.setattr(runner, "run_lanes", spy)
+    run_cell(tiny_chat, BATCHED, tmp_path, progress=False, batch=8)
+    kvcomm = [(key, running) for key, running in starts if key[0] == "kvcomm@1"]
+    assert [key[1] for key, _ in kvcomm] == list(range(6))
+    assert all(r[0] != "kvcomm@1" for _, running in kvcomm for r in running)
+    assert max(sum(r[0] == "dense" for r in running) for _, running in starts) >= 2  # Dense's items overlap
