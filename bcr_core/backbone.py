@@ -25,8 +25,9 @@ import torch
 from transformers import DynamicCache
 
 from bcr_core.attention import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
-from bcr_core.kv import KV
-from bcr_core.models import check_architecture, default_device, default_dtype, load_pretrained
+from bcr_core.kv import KV, cache_over
+from bcr_core.models import (CONFIG_PREFIX, check_architecture, config_only, default_device, default_dtype,
+                             embedded_model_dir, load_pretrained)
 from bcr_core.rope import rerotate
 
 
@@ -76,13 +77,6 @@ class RowWriteCache(DynamicCache):
         return self.keys.shape[3]
 
 
-def row_cache(cache: DynamicCache, row: int, start: int) -> DynamicCache:
-    """Batch row `row` of a batched cache from column `start` on (its padding dropped), as its own cache."""
-    keys = torch.stack([layer.keys[row : row + 1, :, start:] for layer in cache.layers])
-    values = torch.stack([layer.values[row : row + 1, :, start:] for layer in cache.layers])
-    return KV(keys, values, torch.arange(keys.shape[3], device=keys.device)).to_cache()
-
-
 class Backbone:
     def __init__(self, model, tokenizer=None, name: str = "custom"):
         check_architecture(model.config)
@@ -93,7 +87,14 @@ class Backbone:
 
     @classmethod
     def load(cls, model: str | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
-        """The embedded default model, a local Hugging Face directory, or a hub id (see `models`)."""
+        """The embedded default model, a local Hugging Face directory, a hub id, or a config-only
+        model `config:NAME|PATH` with random weights (see `models`)."""
+        if model and model.startswith(CONFIG_PREFIX):
+            from transformers import AutoTokenizer
+
+            bb = cls.from_config(config_only(model), device=device, dtype=dtype)
+            bb.tokenizer, bb.name = AutoTokenizer.from_pretrained(embedded_model_dir()), model
+            return bb
         hf_model, tokenizer = load_pretrained(model, device=device, dtype=dtype)
         return cls(hf_model, tokenizer, name=model or "default")
 
@@ -106,8 +107,9 @@ class Backbone:
         device = device or default_device()
         config._attn_implementation = "sdpa"
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype or default_dtype(device))
-        return cls(model.to(device), None, name=f"random-{config.model_type}")
+        with torch.device(device):  # initialise in place: an 8B model need not pass through host memory
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype or default_dtype(device))
+        return cls(model, None, name=f"random-{config.model_type}")
 
     @property
     def device(self) -> torch.device:
@@ -228,60 +230,18 @@ class Backbone:
             position += 1
         return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
 
-    @torch.inference_mode()
     def generate_batch(self, requests: list[tuple[KV, int, int]], stop_ids=None) -> list[Generation]:
-        """`generate` for several (cache, last id, max new tokens) at once, caches of any lengths.
-
-        Caches are left-padded to one length and the padding is masked; each row keeps its own
-        positions. A row leaves the batch when it stops, and its `Generation.cache` holds its own
-        rows only. One request takes `generate`'s path unchanged. Greedy tokens equal batch-size-1
-        decoding up to float rounding in the batched matrix products (a near-tie can flip).
-        """
+        """`generate` for several (cache, last id, max new tokens) at once, caches of any lengths
+        (see `BatchDecoder`). One request takes `generate`'s path unchanged."""
         if len(requests) == 1:
             kv, last_id, max_new_tokens = requests[0]
             return [self.generate(kv, last_id, max_new_tokens, stop_ids)]
-        if min(n for _, _, n in requests) < 1:
-            raise ValueError("generate_batch needs max_new_tokens >= 1 for every request")
-        stop = set(self.stop_ids if stop_ids is None else stop_ids)
-        lengths = [kv.length for kv, _, _ in requests]
-        width = max(lengths)
-        first = requests[0][0]
-        shape = (first.num_layers, len(requests), first.keys.shape[2], width, first.keys.shape[4])
-        keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
-        visible = torch.zeros(len(requests), width, dtype=torch.bool, device=self.device)
-        for i, (kv, _, _) in enumerate(requests):
-            keys[:, i, :, width - kv.length :] = kv.keys[:, 0]
-            values[:, i, :, width - kv.length :] = kv.values[:, 0]
-            visible[i, width - kv.length :] = True
-        cache = KV(keys, values, torch.arange(width)).to_cache()
-        rows = list(range(len(requests)))  # batch row -> request
-        token = torch.tensor([last_id for _, last_id, _ in requests], device=self.device)
-        position = torch.tensor([kv.next_position for kv, _, _ in requests], device=self.device)
-        tokens, results, first_token_at = [[] for _ in requests], [None] * len(requests), None
-        while rows:
-            visible = torch.cat([visible, visible.new_ones(len(rows), 1)], dim=1)
-            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-            out = self.model(input_ids=token[:, None], position_ids=position[:, None], attention_mask=mask[:, None, None],
-                             cache=cache, use_cache=True, logits_to_keep=1)
-            token = out.logits[:, -1].argmax(-1)
-            first_token_at = first_token_at or time.perf_counter()
-            keep = []
-            for b, (r, t) in enumerate(zip(rows, token.tolist())):
-                stopped = t in stop
-                if not stopped:
-                    tokens[r].append(t)
-                if stopped or len(tokens[r]) == requests[r][2]:
-                    results[r] = Generation(tokens[r], stopped, first_token_at, [], row_cache(cache, b, width - lengths[r]))
-                else:
-                    keep.append(b)
-            if len(keep) < len(rows):
-                index = torch.tensor(keep, dtype=torch.long, device=self.device)
-                for layer in cache.layers:
-                    layer.keys, layer.values = layer.keys[index], layer.values[index]
-                rows, visible, token, position = [rows[b] for b in keep], visible[index], token[index], position[index]
-            position = position + 1
-        return results
+        decoder, results = BatchDecoder(self, stop_ids), {}
+        for i, (kv, last_id, max_new_tokens) in enumerate(requests):
+            decoder.add(i, kv, last_id, max_new_tokens)
+        while decoder:
+            results.update(decoder.step())
+        return [results[i] for i in range(len(requests))]
 
     # -- positions ------------------------------------------------------------------------
     def rerotate(self, keys: torch.Tensor, delta, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -340,3 +300,118 @@ class Backbone:
             yield
         finally:
             self.model.set_attn_implementation(previous)
+
+
+@dataclass
+class _Row:
+    key: object
+    max_new_tokens: int
+    length: int  # cache rows this sequence owns (its prompt rows and the tokens fed so far)
+    tokens: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+
+
+class BatchDecoder:
+    """Greedy decoding of many sequences in one batch that they join and leave at any step
+    (continuous batching). Caches of different lengths are left-padded to one width and the padding
+    is masked; each sequence keeps its own positions. A finished sequence leaves at once with its
+    `Generation`, whose cache holds its own rows only.
+
+    Tokens equal `Backbone.generate` one sequence at a time up to float rounding in the batched
+    matrix products and the masked padding (a near-tie between two logits can flip).
+    """
+
+    def __init__(self, bb: Backbone, stop_ids=None):
+        self.bb = bb
+        self.stop = set(bb.stop_ids if stop_ids is None else stop_ids)
+        self.rows: list[_Row] = []
+        self.keys: list[torch.Tensor] = []  # per layer (B, H, W, D)
+        self.values: list[torch.Tensor] = []
+        self.visible = torch.zeros(0, 0, dtype=torch.bool, device=bb.device)  # (B, W): not padding
+        self.token = torch.zeros(0, dtype=torch.long, device=bb.device)  # (B,) the next id each row feeds
+        self.position = torch.zeros(0, dtype=torch.long, device=bb.device)  # (B,) and its position
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        return self.visible.shape[1]
+
+    @torch.inference_mode()
+    def add(self, key, kv: KV, last_id: int, max_new_tokens: int) -> None:
+        """A sequence joins: its cache, the prompt's final id to feed first, its token budget."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 to join a batch, got {max_new_tokens}")
+        if not self.rows:
+            self.keys, self.values = list(kv.keys[:, :1]), list(kv.values[:, :1])
+            self.visible = torch.ones(1, kv.length, dtype=torch.bool, device=self.bb.device)
+        else:
+            if kv.length > self.width:
+                self._pad_left(kv.length - self.width)
+            pad = self.width - kv.length
+            for layer in range(kv.num_layers):
+                self.keys[layer] = torch.cat([self.keys[layer], _left_pad(kv.keys[layer, :1], pad)])
+                self.values[layer] = torch.cat([self.values[layer], _left_pad(kv.values[layer, :1], pad)])
+            row = torch.arange(self.width, device=self.bb.device) >= pad
+            self.visible = torch.cat([self.visible, row[None]])
+        self.rows.append(_Row(key, max_new_tokens, kv.length))
+        self.token = torch.cat([self.token, self.token.new_tensor([int(last_id)])])
+        self.position = torch.cat([self.position, self.position.new_tensor([kv.next_position])])
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[object, Generation]]:
+        """Feed every sequence one token; return (key, Generation) of those that finished."""
+        cache = cache_over(self.keys, self.values)
+        self.visible = torch.cat([self.visible, self.visible.new_ones(len(self.rows), 1)], dim=1)
+        mask = None
+        if not bool(self.visible.all()):
+            mask = torch.zeros(self.visible.shape, dtype=self.bb.dtype, device=self.bb.device)
+            mask = mask.masked_fill_(~self.visible, torch.finfo(self.bb.dtype).min)[:, None, None]
+        out = self.bb.model(input_ids=self.token[:, None], position_ids=self.position[:, None], attention_mask=mask,
+                            cache=cache, use_cache=True, logits_to_keep=1)
+        now = time.perf_counter()
+        self.keys = [layer.keys for layer in cache.layers]
+        self.values = [layer.values for layer in cache.layers]
+        self.token, self.position = out.logits[:, -1].argmax(-1), self.position + 1
+        finished, keep = [], []
+        for b, (row, token) in enumerate(zip(self.rows, self.token.tolist())):
+            row.length += 1
+            row.first_token_at = row.first_token_at or now
+            stopped = token in self.stop
+            if not stopped:
+                row.tokens.append(token)
+            if stopped or len(row.tokens) == row.max_new_tokens:
+                own = slice(self.width - row.length, self.width)
+                kv = KV(torch.stack([k[b : b + 1, :, own] for k in self.keys]),
+                        torch.stack([v[b : b + 1, :, own] for v in self.values]),
+                        torch.arange(row.length, device=self.bb.device))
+                finished.append((row.key, Generation(row.tokens, stopped, row.first_token_at, [], kv.to_cache())))
+            else:
+                keep.append(b)
+        if len(keep) < len(self.rows):
+            self._keep(keep)
+        return finished
+
+    def _keep(self, keep: list[int]) -> None:
+        index = torch.tensor(keep, dtype=torch.long, device=self.bb.device)
+        self.rows = [self.rows[b] for b in keep]
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        self.visible, self.token, self.position = self.visible[index], self.token[index], self.position[index]
+        if self.rows:  # drop padding columns no remaining row needs
+            unused = self.width - max(row.length for row in self.rows)
+            if unused:
+                self.keys = [k[:, :, unused:] for k in self.keys]
+                self.values = [v[:, :, unused:] for v in self.values]
+                self.visible = self.visible[:, unused:]
+
+    def _pad_left(self, n: int) -> None:
+        self.keys = [_left_pad(k, n) for k in self.keys]
+        self.values = [_left_pad(v, n) for v in self.values]
+        self.visible = torch.cat([self.visible.new_zeros(len(self.rows), n), self.visible], dim=1)
+
+
+def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, H, T, D) with n zero rows in front."""
+    return torch.cat([x.new_zeros(*x.shape[:2], n, x.shape[3]), x], dim=2) if n else x

@@ -95,11 +95,7 @@ class KV:
         HF's dynamic layers grow by concatenation, so a forward pass on the returned cache
         allocates new tensors and never writes into this span.
         """
-        empty = self.keys[0, :, :, :0]
-        cache = DynamicCache(ddp_cache_data=[(empty, empty)] * self.num_layers)
-        for layer, k, v in zip(cache.layers, self.keys, self.values):
-            layer.keys, layer.values = k, v
-        return cache
+        return cache_over(list(self.keys), list(self.values))
 
     @staticmethod
     def from_cache(cache: DynamicCache, positions: torch.Tensor) -> KV:
@@ -108,3 +104,12 @@ class KV:
         keys = torch.stack([layer.keys[:, :, :n] for layer in cache.layers])
         values = torch.stack([layer.values[:, :, :n] for layer in cache.layers])
         return KV(keys, values, torch.as_tensor(positions, dtype=torch.long, device=keys.device))
+
+
+def cache_over(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
+    """A Hugging Face cache whose layers are the given (B, H, T, D) tensors, not copies of them."""
+    empty = keys[0][:, :, :0]
+    cache = DynamicCache(ddp_cache_data=[(empty, empty)] * len(keys))
+    for layer, k, v in zip(cache.layers, keys, values):
+        layer.keys, layer.values = k, v
+    return cache

@@ -78,18 +78,24 @@ def ttft_calls(bb, lengths=(64, 512, 2048, 4096), rhos=(0.05, 0.1, 0.2, 0.3, 0.4
                         raise RuntimeError(f"{method} fell back to a dense prefill after warm-up ({call.reason})")
                     rows.append({"length": length, "sample": request - WARM_UP_REQUESTS, "node": template.node,
                                  "segment_tokens": len(prompt.segments[1].ids), "method": method, "rho": rho,
-                                 "ttft_s": call.ttft_s, "dense_ttft_s": dense, "rows": call.rows_recomputed})
+                                 "ttft_s": call.ttft_s, "dense_ttft_s": dense, "assembly_s": call.assembly_s,
+                                 "rows": call.rows_recomputed})
     return pd.DataFrame(rows)
 
 
 def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
-    """Per length, method and rho: median TTFT, its spread, and the mean of paired speedups."""
-    calls = calls.assign(ratio=calls["dense_ttft_s"] / calls["ttft_s"])
+    """Per length, method and rho: median TTFT, its spread, the mean of paired speedups, and the
+    anchor matching + cache assembly inside the TTFT (median ms, and its largest share of the
+    paired Dense call's TTFT)."""
+    calls = calls.assign(ratio=calls["dense_ttft_s"] / calls["ttft_s"],
+                         assembly_share=calls["assembly_s"] / calls["dense_ttft_s"])
     return calls.groupby(["length", "method", "rho"], sort=False, dropna=False).agg(
         ttft_ms=("ttft_s", lambda s: 1000 * float(np.median(s))),
         ttft_ms_p10=("ttft_s", lambda s: 1000 * float(np.quantile(s, 0.1))),
         ttft_ms_p90=("ttft_s", lambda s: 1000 * float(np.quantile(s, 0.9))),
         speedup_vs_dense=("ratio", "mean"),
+        assembly_ms=("assembly_s", lambda s: 1000 * float(np.median(s))),
+        assembly_share_max=("assembly_share", "max"),
         rows_recomputed=("rows", "mean"),
         calls=("ratio", "size"),
     ).reset_index()

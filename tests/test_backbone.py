@@ -222,3 +222,32 @@ def test_batched_generation_equals_one_at_a_time(tiny):
         assert b.cache.get_seq_length() == s.cache.get_seq_length()
         rows = torch.arange(kv.length + 1)
         assert close(KV.from_cache(b.cache, rows), KV.from_cache(s.cache, rows))
+
+
+def test_config_only_names_resolve_to_published_shapes_or_fail_clearly(tmp_path):
+    from bcr_core.models import config_only
+
+    llama = config_only("config:llama-3.1-8b")
+    assert (llama.num_hidden_layers, llama.num_key_value_heads, llama.head_dim, llama.vocab_size) == (32, 8, 128, 128256)
+    assert llama.rope_parameters["rope_type"] == "llama3"
+    with pytest.raises(ModelError, match="named shape"):
+        config_only("config:llama-9000")
+    with pytest.raises(ModelError, match="named shape"):
+        config_only(f"config:{tmp_path}")  # a directory without config.json
+
+
+def test_sequences_joining_a_running_batch_decode_as_if_alone(tiny):
+    from bcr_core.backbone import BatchDecoder
+
+    prompts = [random_ids(n + 1, seed=30 + n) for n in (12, 30, 7)]
+    caches = [(tiny.prefill(ids[:-1]), ids[-1]) for ids in prompts]
+    alone = [tiny.generate(kv, last, 9, stop_ids=()).tokens for kv, last in caches]
+    decoder, done = BatchDecoder(tiny, stop_ids=()), {}
+    decoder.add(0, *caches[0], 9)
+    for join in (1, 2):  # a longer cache joins after two steps, a shorter one after four
+        for _ in range(2):
+            done.update(decoder.step())
+        decoder.add(join, *caches[join], 9)
+    while decoder:
+        done.update(decoder.step())
+    assert [done[i].tokens for i in range(3)] == alone

@@ -68,3 +68,19 @@ def test_every_layout_at_full_budget_reproduces_dense(real, name):
     reference = real.generate(real.prefill(cached), last, 24, stop_ids=()).tokens
     assert real.generate(real.repair(reused, cached, rows), last, 24, stop_ids=()).tokens == reference
     assert real.generate(reused, last, 24, stop_ids=()).tokens != reference
+
+
+def test_config_only_model_runs_the_ttft_protocol_with_the_embedded_tokenizer(tmp_path):
+    """`--model config:PATH`: random weights with the config's shapes, ids from the embedded tokenizer."""
+    from bcr_core.backbone import Backbone
+    from bcr_core.latency import ttft_calls
+    from conftest import tiny_llama_config
+
+    config = tiny_llama_config(vocab_size=49152)
+    config.save_pretrained(tmp_path)
+    bb = Backbone.load(f"config:{tmp_path}")
+    assert bb.name == f"config:{tmp_path}" and bb.tokenizer.eos_token == "<|im_end|>"
+    assert (bb.config.num_hidden_layers, bb.config.hidden_size) == (config.num_hidden_layers, config.hidden_size)
+    calls = ttft_calls(bb, lengths=(160,), rhos=(0.5,), samples=1, progress=False)
+    assert set(calls["method"]) == {"dense", "kvcomm", "bcr-chunk", "coin-chunk"} and len(calls) == 20
+    assert (calls.loc[calls.method != "dense", "assembly_s"] > 0).all()
