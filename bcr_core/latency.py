@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from bcr_core.conditions import make_server
 from bcr_core.prompts import QUESTION, Template, build_prompt
 from bcr_core.roles import COPY
-from bcr_core.serving import SegmentCaches
+from bcr_core.serving import share_segment_caches
 
 N_AGENTS = 5
 WARM_UP_REQUESTS = 3  # two fill the anchor pools, one more warms every timed path
@@ -58,11 +58,8 @@ def ttft_calls(bb, lengths=(64, 512, 2048, 4096), rhos=(0.05, 0.1, 0.2, 0.3, 0.4
     templates = copy_templates()
     rows = []
     for length in lengths:
-        caches = SegmentCaches(bb)
         servers = {(m, r): make_server(bb, spec) for m, r, spec in methods}
-        for server in servers.values():
-            if hasattr(server, "caches"):
-                server.caches = caches
+        caches = share_segment_caches(bb, servers.values())
         total = WARM_UP_REQUESTS + samples
         for request in tqdm(range(total), desc=f"ttft {length} tokens", disable=not progress):
             question = symbol_segment(bb.tokenizer, length, rng)

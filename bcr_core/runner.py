@@ -22,7 +22,7 @@ from bcr_core import tasks
 from bcr_core.batching import Unit, run_lanes
 from bcr_core.conditions import make_server, parse
 from bcr_core.pipeline import Pipeline
-from bcr_core.serving import DenseServer
+from bcr_core.serving import DenseServer, share_segment_caches
 from bcr_core.stats import discordant, mcnemar_exact, wilson_ci
 
 
@@ -145,6 +145,7 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -
     items = tasks.load_items(cell.benchmark, cell.n, **cell.extra)
     pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
     servers = {c: make_server(bb, c) for c in cell.conditions}
+    share_segment_caches(bb, servers.values())
     reference = DenseServer(bb) if cell.fidelity else None
     units = []
     for index, item in enumerate(items):

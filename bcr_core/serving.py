@@ -164,6 +164,16 @@ class SegmentCaches:
             self.base(segment.ids)
 
 
+def share_segment_caches(bb: Backbone, servers) -> SegmentCaches:
+    """Give every KVComm-based server one store of exact caches. They are keyed by token content and
+    exact, so sharing changes no result; it computes each base cache once instead of once per server."""
+    caches = SegmentCaches(bb)
+    for server in servers:
+        if hasattr(server, "caches"):
+            server.caches = caches
+    return caches
+
+
 def placeholder_spans(segment_map: list[dict]) -> list[tuple[dict, dict | None]]:
     """(value span, the span of the template text after it or None), in prompt order."""
     spans = []
