@@ -101,7 +101,7 @@ def cmd_unit_curve(args) -> int:
     config = UnitCurveConfig(args.segment_tokens, args.budget, tuple(split_list(args.units, int)),
                              tuple(args.seed + i for i in range(args.seeds)))
     texts = read_prompts(args.prompts) if args.prompts else default_texts()
-    table = summarize_curve(unit_curve(load_backbone(args), texts, config, progress=not args.json))
+    table = summarize_curve(unit_curve(load_backbone(args), texts, config, progress=True))  # tqdm writes to stderr
     return print_table(table, args, digits=4)
 
 
@@ -109,7 +109,7 @@ def cmd_ttft(args) -> int:
     from bcr_core.latency import ttft_table
 
     table = ttft_table(load_backbone(args), split_list(args.lengths, int), split_list(args.rho, float), args.samples,
-                       progress=not args.json)
+                       progress=True)  # tqdm writes to stderr, so --json stdout stays one document
     return print_table(table, args, digits=2)
 
 
