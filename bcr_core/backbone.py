@@ -2,13 +2,16 @@
 
 - `prefill`: a span's KV computed densely.
 - `repair`: the recompute path of Algorithm 1 (paper App. B). Only the selected rows run
-  forward, at their true positions. Each layer appends their fresh keys/values to the cache and
-  a 4-D mask hides the stale copies, so a repaired row attending to another repaired row sees
-  the corrected value; HF's own forward runs the layers in order, so later layers read the
-  corrections earlier ones made. Cost O(selected x total), not a prefill.
-- `draft`: k greedy tokens with eager attention, returning the attention the k queries paid to
-  the cached rows (Algorithm 2). The cache is never modified, so the draft is rolled back exactly.
-- `generate`: greedy decoding.
+  forward, at their true positions. Each layer writes their fresh keys/values over the stale
+  copies (in a copy of the cache) before attending, and a 4-D mask lets row i see the rows at or
+  before its position, so a repaired row attending to another repaired row sees the corrected
+  value; HF's own forward runs the layers in order, so later layers read the corrections earlier
+  ones made. Attention runs block by block over the visible key prefix (`attention.BLOCKED`).
+  Cost O(selected x total), not a prefill.
+- `draft`: k greedy tokens with an eager kernel that returns weights, giving the attention the k
+  queries paid to the cached rows (Algorithm 2). The cache is never modified, so the draft is
+  rolled back exactly.
+- `generate`: greedy decoding; `generate_batch` and `BatchDecoder` for many caches at once.
 
 Conventions: a served cache stops one token short of the prompt (the paper's T = |x| - 1), and
 decoding starts by feeding the prompt's final token, so Dense and every reuse method share one
