@@ -1,7 +1,9 @@
 """Experiment throughput: items per hour of one runner cell at batch size 1 and at larger batches.
 
-    python benchmarks/throughput.py [--benchmark gsm8k] [--agents 3] [--n 8] [--batches 1,4,8]
-                                    [--conditions dense,kvcomm,bcr-chunk,coin-chunk] [--max-new-tokens 128]
+    python benchmarks/throughput.py [--benchmark gsm8k] [--agents 3] [--n 6] [--batches 1,4,8]
+                                    [--conditions C1,C2,...] [--max-new-tokens 128]
+
+The default cell is the layouts comparison of notebook 05 (seven conditions).
 
 Each batch size runs the same cell from scratch in its own folder, one after another in this
 process. Items per hour counts an item once all conditions have served it. Also reports KVComm's
@@ -49,8 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--benchmark", default="gsm8k")
     parser.add_argument("--agents", type=int, default=3)
-    parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--conditions", default="dense,kvcomm,bcr-chunk,coin-chunk")
+    parser.add_argument("--n", type=int, default=6)
+    parser.add_argument("--conditions", default="dense,kvcomm,bcr-chunk,bcr-grow,bcr-single,coin-chunk,cacheblend-cost")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batches", default="1,4,8")
     parser.add_argument("--model", default="default")
