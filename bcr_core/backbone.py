@@ -62,6 +62,11 @@ def repair_mask(positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return positions[None, :] <= positions[rows][:, None]
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean "may attend" matrix as the additive float mask HF's attention adds to its scores."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
 class RowWriteCache(DynamicCache):
     """The cache of a repair: each layer's fresh keys/values of the selected rows are written over
     their stale copies in `keys`/`values` (L, B, H, T, D), which the layer then attends to."""
@@ -176,11 +181,10 @@ class Backbone:
         positions = kv.positions.to(self.device)
         repaired = kv.clone()
         allowed = repair_mask(positions, rows)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = additive_mask(allowed, self.dtype)[None, None]
         with self.attention_implementation(BLOCKED):
             self.model.base_model(
-                input_ids=ids[rows][None], position_ids=positions[rows][None], attention_mask=mask[None, None],
+                input_ids=ids[rows][None], position_ids=positions[rows][None], attention_mask=mask,
                 cache=RowWriteCache(repaired.keys, repaired.values, rows), use_cache=True,
                 query_blocks=key_extents(allowed, query_block),
             )
@@ -367,10 +371,7 @@ class BatchDecoder:
         """Feed every sequence one token; return (key, Generation) of those that finished."""
         cache = cache_over(self.keys, self.values)
         self.visible = torch.cat([self.visible, self.visible.new_ones(len(self.rows), 1)], dim=1)
-        mask = None
-        if not bool(self.visible.all()):
-            mask = torch.zeros(self.visible.shape, dtype=self.bb.dtype, device=self.bb.device)
-            mask = mask.masked_fill_(~self.visible, torch.finfo(self.bb.dtype).min)[:, None, None]
+        mask = None if bool(self.visible.all()) else additive_mask(self.visible, self.bb.dtype)[:, None, None]
         out = self.bb.model(input_ids=self.token[:, None], position_ids=self.position[:, None], attention_mask=mask,
                             cache=cache, use_cache=True, logits_to_keep=1)
         now = time.perf_counter()

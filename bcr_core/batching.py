@@ -61,11 +61,12 @@ def run_lanes(bb, units: list[Unit], width: int, may_start: Callable[[Unit, list
             if decoder is not None and not request.keep_logits:
                 decoder.add(lane, request.kv, request.last_id, request.max_new_tokens)
                 return
-            value = bb.generate(request.kv, request.last_id, request.max_new_tokens, keep_logits=request.keep_logits)
+            value = request.now(bb)
 
     while True:
         while len(lanes) < width:
-            unit = next((u for u in queue if may_start(u, [lane.unit for lane in lanes])), None)
+            running = [lane.unit for lane in lanes]
+            unit = next((u for u in queue if may_start(u, running)), None)
             if unit is None:
                 break
             queue.remove(unit)

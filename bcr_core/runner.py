@@ -149,13 +149,14 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -
     reference = DenseServer(bb) if cell.fidelity else None
     units = []
     for index, item in enumerate(items):
+        item_id = str(item["id"])
         for condition, server in servers.items():
-            if (condition, str(item["id"])) in done:  # a stateful condition's finished items are a prefix
-                for call in done_calls.get((condition, str(item["id"])), []):
+            if (condition, item_id) in done:  # a stateful condition's finished items are a prefix
+                for call in done_calls.get((condition, item_id), []):
                     getattr(server, "replay", lambda call: None)(call)
             else:
                 question = tasks.question_text(cell.benchmark, item)
-                units.append(Unit((condition, index), partial(pipeline.steps, server, str(item["id"]), question, reference)))
+                units.append(Unit((condition, index), partial(pipeline.steps, server, item_id, question, reference)))
     bar = tqdm(total=len(items) * len(servers), initial=len(items) * len(servers) - len(units), disable=not progress,
                desc=f"{cell.benchmark} x{cell.n_agents}")
 

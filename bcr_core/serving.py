@@ -64,6 +64,10 @@ class Decode:
     max_new_tokens: int
     keep_logits: bool = False
 
+    def now(self, bb: Backbone) -> Generation:
+        """Answer the request on the spot, alone."""
+        return bb.generate(self.kv, self.last_id, self.max_new_tokens, keep_logits=self.keep_logits)
+
 
 def drive(bb: Backbone, steps: Generator):
     """Run a server's (or pipeline's) steps to the end, decoding each request as it comes."""
@@ -73,7 +77,7 @@ def drive(bb: Backbone, steps: Generator):
             request = steps.send(value)
         except StopIteration as done:
             return done.value
-        value = bb.generate(request.kv, request.last_id, request.max_new_tokens, keep_logits=request.keep_logits)
+        value = request.now(bb)
 
 
 def decode_call(kv: KV, last_id: int, max_new_tokens: int, started: float):

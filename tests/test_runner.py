@@ -97,11 +97,10 @@ BATCHED = Cell(benchmark="synthetic", n_agents=2, n=6, max_new_tokens=10, extra=
 @pytest.mark.parametrize("batch", [3, 8])
 def test_batched_runner_gives_the_tokens_of_batch_size_one(tiny_chat, tmp_path, batch):
     """Every call of every condition: same output tokens, gate decisions and repaired rows."""
-    one = runner.read_jsonl
     run_cell(tiny_chat, BATCHED, tmp_path / "one", progress=False)
     run_cell(tiny_chat, BATCHED, tmp_path / "many", progress=False, batch=batch)
     key = lambda r: (r["condition"], r["item_id"], r["node"])
-    calls = {d: sorted(strip(one(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
+    calls = {d: sorted(strip(runner.read_jsonl(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
     assert len(calls["one"]) == 6 * 6 * 3
     assert calls["many"] == calls["one"]
     assert any(c["mode"] == "reuse" and c["rows_recomputed"] for c in calls["one"])  # repairs were batched too
