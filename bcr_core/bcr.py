@@ -4,33 +4,48 @@ assembled cache, rank the cached rows, recompute a budget rho of them exactly, t
 The selector ranks (draft attention for BCR, a coin, CacheBlend's layer-1 deviation), the layout
 spends the budget (chunk, grow, single), and `Backbone.repair` recomputes. Calls KVComm serves
 densely are untouched. The draft is discarded: decoding starts again from the repaired cache.
+
+The ranking covers every cached row (`rank="all"`, the paper's rule: App. B ranks "over the whole
+cached prefix", so budget can land on the agent's exact prefix and change nothing) or only the rows
+KVComm predicted (`rank="predicted"`); either way the budget counts the whole cache.
 """
 
 from __future__ import annotations
 
+import torch
+
 from bcr_core.anchors import KVCommConfig
-from bcr_core.layouts import Layout, check_rho
-from bcr_core.serving import KVCommServer, Served, decode_call
+from bcr_core.layouts import RANKS, Layout, check_rho
+from bcr_core.serving import KVCommServer, Served, decode_call, predicted_rows
 
 
 class BCRServer(KVCommServer):
     def __init__(self, bb, selector, layout: Layout, rho: float = 0.20, config: KVCommConfig = KVCommConfig(),
-                 name: str = "bcr"):
+                 name: str = "bcr", rank: str = "all"):
         super().__init__(bb, config, name)
         check_rho(rho)
-        self.selector, self.layout, self.rho = selector, layout, rho
+        if rank not in RANKS:
+            raise ValueError(f"rank must be one of {', '.join(RANKS)}; got {rank!r}")
+        self.selector, self.layout, self.rho, self.rank = selector, layout, rho, rank
 
-    def serve_assembled(self, kv, ids, max_new_tokens, started):
-        rows = []
-        if not self.layout.skip(kv.length, self.rho):  # Algorithm 1, line 1: no draft, no coin, if skipped
-            scores = self.selector.scores(self.bb, kv, ids[:-1], ids[-1])
-            rows = self.layout.rows(scores, self.rho).tolist()
+    def candidates(self, m: int, spans: list[dict]) -> torch.Tensor:
+        """The rows the selector ranks: all M cached rows, or only those KVComm predicted."""
+        if self.rank == "all":
+            return torch.arange(m)
+        return torch.tensor(predicted_rows(spans, m), dtype=torch.long)
+
+    def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
+        rows, skipped = [], self.layout.skip(kv.length, self.rho)
+        if not skipped:  # Algorithm 1, line 1: no draft, no coin, if skipped
+            candidates = self.candidates(kv.length, spans)
+            scores = self.selector.scores(self.bb, kv, ids[:-1], ids[-1], candidates)
+            rows = candidates[self.layout.rows(scores, self.rho, kv.length)].tolist()
         if rows:
             kv = self.bb.repair(kv, ids[:-1], rows)
         generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
-        return Served(kv, generation.tokens, ttft, total, rows)
+        return Served(kv, generation.tokens, ttft, total, rows, skipped)
 
     def replay(self, call: dict) -> None:
         super().replay(call)
-        if call["rows_recomputed"] and hasattr(self.selector, "draw"):
-            self.selector.draw(len(call["merged_ids"]) - 1)  # the coin advanced once on this call
+        if call["rows_recomputed"] and hasattr(self.selector, "draw"):  # the coin advanced once on this call
+            self.selector.draw(len(self.candidates(len(call["merged_ids"]) - 1, call["segment_map"])))

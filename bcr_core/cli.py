@@ -83,9 +83,10 @@ def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
 
 
 def cmd_run(args) -> int:
+    from bcr_core.conditions import split_conditions
     from bcr_core.runner import Cell, run_cell, summarize
 
-    conditions = expand_seeds(split_list(args.conditions, str), split_list(args.seeds, int) if args.seeds else None)
+    conditions = expand_seeds(split_conditions(args.conditions), split_list(args.seeds, int) if args.seeds else None)
     extra = {"seed": args.item_seed} if args.benchmark == "synthetic" else {}
     cell = Cell(args.benchmark, args.agents, tuple(conditions), args.n, args.max_new_tokens, args.pinned,
                 args.model, args.reference, extra, args.fidelity)

@@ -37,7 +37,8 @@ from scipy import stats as scipy_stats
 from tqdm.auto import tqdm
 
 from bcr_core import tasks
-from bcr_core.conditions import DEFAULT_RHO, DEFAULT_VALUES, layout_config, make_server, parse, value_of
+from bcr_core.conditions import (DEFAULT_RHO, DEFAULT_VALUES, OPTIONS, REPAIR_LAYOUTS, layout_config, make_server, parse,
+                                 value_of)
 from bcr_core.draft_scores import row_scores
 from bcr_core.kv import KV
 from bcr_core.layouts import LayoutConfig, layout
@@ -45,7 +46,7 @@ from bcr_core.pipeline import Pipeline
 from bcr_core.prompts import tokenization_diff
 from bcr_core.runner import Cell, paired_only, read_jsonl, run_cell
 from bcr_core.serving import DenseServer
-from bcr_core.stats import discordant, line_residuals, mcnemar_exact, paired_table, wilson_ci
+from bcr_core.stats import SPLIT, line_residuals, paired_split, paired_table, wilson_ci
 
 # ============================================================================ runs on disk
 
@@ -102,23 +103,10 @@ def label(condition: str) -> str:
     return parse(condition).label
 
 
-OPTION_DEFAULTS = {"chunk": LayoutConfig.chunk, "tau": LayoutConfig.tau, "span_cap": LayoutConfig.span_cap, "seed": 0}
-
-
 def canonical(condition: str) -> tuple:
     """What a condition runs, with every default filled in, so `bcr-chunk`, `bcr-chunk@0.2` and
     `bcr-chunk@0.2:chunk=64` compare equal (a run recorded under any of them is reused)."""
-    c = parse(condition)
-    options = {k: float(v) for k, v in c.options.items()}
-    value = c.value
-    if c.name == "kvcomm":  # its value is the gate; a gamma option overrides it
-        value = options.pop("gamma", DEFAULT_VALUES["kvcomm"] if value is None else value)
-    elif value is None:
-        value = DEFAULT_VALUES.get(c.name)
-    gate = 1.0 if c.name == "opengate" else DEFAULT_VALUES["kvcomm"]
-    defaults = OPTION_DEFAULTS | {"gamma": gate}
-    options = {k: v for k, v in options.items() if defaults.get(k) != v}
-    return c.name, value, tuple(sorted(options.items()))
+    return parse(condition).settings
 
 
 def condition(name: str, value: float | None = None, **options) -> str:
@@ -126,9 +114,8 @@ def condition(name: str, value: float | None = None, **options) -> str:
     condition("bcr-chunk", 0.2, chunk=64) == "bcr-chunk@0.2"; condition("kvcomm", 0.3) == "kvcomm"."""
     if name == "kvcomm" and value == DEFAULT_VALUES["kvcomm"]:
         value = None
-    gate = 1.0 if name == "opengate" else DEFAULT_VALUES["kvcomm"]
-    defaults = OPTION_DEFAULTS | {"gamma": gate}
-    kept = {k: v for k, v in options.items() if v is not None and defaults.get(k) != v}
+    takes = OPTIONS.get(name, {})
+    kept = {k: v for k, v in options.items() if v is not None and (k not in takes or takes[k].default != v)}
     spec = name + ("" if value is None else f"@{value:g}")
     if kept:
         spec += ":" + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in kept.items())
@@ -252,8 +239,8 @@ def with_agreement(items: pd.DataFrame, dense: str = "dense") -> pd.DataFrame:
 
 def condition_table(items: pd.DataFrame, reference: str, dense: str = "dense", value: str = "correct") -> pd.DataFrame:
     """One row per condition: accuracy (Wilson 95%), Dense-agreement, reuse rate, rows per call,
-    TTFT, and the paired split against `reference` on `value`: b counts items the row's
-    condition gets right and the reference misses, c the reverse, then the exact McNemar p."""
+    TTFT, and the paired split against `reference` on `value` (`stats.paired_table`: items only the
+    reference gets right, items only the row's condition gets right, then the exact McNemar p)."""
     items = paired_only(with_agreement(items, dense))
     split = paired_table(items, reference, value=value).set_index("condition")
     order = list(dict.fromkeys(items["condition"]))
@@ -272,19 +259,18 @@ def condition_table(items: pd.DataFrame, reference: str, dense: str = "dense", v
             "reuse_rate": float(mine["reuse_rate"].mean()),
             "rows_per_call": float(mine["rows_per_call"].mean()),
             "ttft_ms": 1000 * float(mine["ttft_s_mean"].median()),
-            "b": split.loc[condition, "b"],
-            "c": split.loc[condition, "c"],
-            "p_exact": split.loc[condition, "p_exact"],
-        })
+            "rows_wasted_per_call": float(mine["rows_wasted_per_call"].mean()) if "rows_wasted_per_call" in mine else None,
+            "skipped_calls": int(mine["skipped_calls"].sum()) if "skipped_calls" in mine else None,
+        } | split.loc[condition, [*SPLIT, "p_exact"]].to_dict())
     table = pd.DataFrame(rows)
-    table["b"] = table["b"].astype("Int64")
-    table["c"] = table["c"].astype("Int64")
+    for column in SPLIT:
+        table[column] = table[column].astype("Int64")
     return table
 
 
 def agreement_table(items: pd.DataFrame, reference: str, dense: str = "dense") -> pd.DataFrame:
-    """Dense-agreement (final text identical to Dense's) compared pairwise like accuracy: b counts
-    items where the row agrees with Dense and the reference does not, c the reverse."""
+    """Dense-agreement (final text identical to Dense's) compared pairwise like accuracy: items where
+    only the reference agrees with Dense, items where only the row's condition does, exact p."""
     items = paired_only(with_agreement(items, dense))
     table = paired_table(items[items["condition"] != dense], reference, value="agrees_dense")
     return table.rename(columns={"accuracy": "agrees_dense"})
@@ -318,7 +304,7 @@ def entropy_rejections(calls: pd.DataFrame) -> dict[str, int]:
 
 def block_table(items: pd.DataFrame, dense: str, reuse: str, block: int) -> pd.DataFrame:
     """Table 6: per block of `block` consecutive items, the reuse condition's reuse rate, both
-    accuracies, their difference, and the block's own split (b: Dense right and reuse wrong)."""
+    accuracies, their difference, and the block's own paired split (reference: Dense)."""
     items = paired_only(items)
     wide = items.pivot(index="index", columns="condition", values="correct").astype(bool).sort_index()
     reuse_rate = items[items["condition"] == reuse].set_index("index")["reuse_rate"].sort_index()
@@ -326,12 +312,10 @@ def block_table(items: pd.DataFrame, dense: str, reuse: str, block: int) -> pd.D
 
     def row(name, index):
         d, r = wide.loc[index, dense], wide.loc[index, reuse]
-        b, c = discordant(d, r)
         return {"items": name, "n": len(index), "reuse_rate": float(reuse_rate.loc[index].mean()),
                 "dense_acc": float(d.mean()), "reuse_acc": float(r.mean()),
                 "delta_points": 100 * float(r.mean() - d.mean()),
-                "agrees_dense": float((text.loc[index, reuse] == text.loc[index, dense]).mean()),
-                "b": b, "c": c, "p_exact": mcnemar_exact(b, c)}
+                "agrees_dense": float((text.loc[index, reuse] == text.loc[index, dense]).mean())} | paired_split(d, r)
 
     indices = list(wide.index)
     rows = [row(f"{chunk[0] + 1}-{chunk[-1] + 1}", chunk)
@@ -363,29 +347,19 @@ def line_points(dense_value: float, endpoint_value: float, endpoint_rate: float,
 
 
 # -- budgets --------------------------------------------------------------------------------------
-LAYOUT_OF = {"bcr-chunk": "chunk", "coin-chunk": "chunk", "bcr-grow": "grow", "bcr-single": "single",
-             "coin-single": "single", "cacheblend-cost": "single", "cacheblend-reuse": "single"}
-
-
 def condition_budget(condition: str) -> tuple[str, float, LayoutConfig] | None:
     """(layout, rho, layout settings) a repair condition spends, or None for one that repairs nothing."""
     c = parse(condition)
-    if c.name not in LAYOUT_OF:
+    server_layout = REPAIR_LAYOUTS.get(c.name)
+    if server_layout is None:
         return None
     rho = 1.0 - c.value if c.name == "cacheblend-reuse" else value_of(c)
-    return LAYOUT_OF[c.name], rho, layout_config(c)
+    return server_layout, rho, layout_config(c)
 
 
 def row_limit(layout_name: str, rho: float, m: int, config: LayoutConfig) -> tuple[int, int]:
     """(fewest, most) rows a layout may recompute on an M-row cache at budget rho (paper §3, App. B)."""
-    if layout_name == "chunk":
-        b = config.chunk
-        if m < 2 * b or rho * m < b:
-            return 0, 0
-        count = round(rho * math.ceil(m / b))
-        return max(0, (count - 1) * b + 1) if count else 0, count * b
-    target = round(rho * m)
-    return target, target  # single and grow both fill the budget exactly
+    return layout(layout_name, config).bounds(m, rho)
 
 
 def budget_check(calls: pd.DataFrame) -> pd.DataFrame:
@@ -516,19 +490,17 @@ def token_alignment(tokenizer, dense_ids: list[int], merged_ids: list[int], cont
 def decomposition(items: pd.DataFrame, dense: str, matched: str, reuse: str) -> pd.DataFrame:
     """The cost of reuse split in two (paper §4.3): Dense vs token-matched Dense is the tokenization
     term (same computation, other ids), token-matched Dense vs reuse the approximation term (same ids,
-    predicted cache). Per term: accuracy points first − second, b (first right, second wrong), c, p,
-    and the second's agreement with Dense."""
+    predicted cache). Per term: accuracy points first − second, the paired split with the first as
+    reference (`stats.paired_split`), and the second's agreement with Dense."""
     items = with_agreement(paired_only(items), dense)
     wide = items.pivot(index="item_id", columns="condition", values="correct").astype(bool)
     agree = items.pivot(index="item_id", columns="condition", values="agrees_dense")
     rows = []
     for term, first, second in [("tokenization", dense, matched), ("approximation", matched, reuse),
                                 ("total", dense, reuse)]:
-        a, b_ = wide[first], wide[second]
-        b, c = discordant(a, b_)
-        rows.append({"term": term, "first": first, "second": second, "points": 100 * float(a.mean() - b_.mean()),
-                     "b": b, "c": c, "p_exact": mcnemar_exact(b, c),
-                     "second_agrees_dense": float(agree[second].mean())})
+        a, b = wide[first], wide[second]
+        rows.append({"term": term, "first": first, "second": second, "points": 100 * float(a.mean() - b.mean())}
+                    | paired_split(a, b) | {"second_agrees_dense": float(agree[second].mean())})
     return pd.DataFrame(rows)
 
 
@@ -650,9 +622,9 @@ class Recorder:
         if hasattr(server, "serve_assembled"):
             original = server.serve_assembled
 
-            def capture(kv, ids, max_new_tokens, started):
+            def capture(kv, ids, max_new_tokens, started, spans):
                 self._assembled = kv
-                return (yield from original(kv, ids, max_new_tokens, started))
+                return (yield from original(kv, ids, max_new_tokens, started, spans))
 
             server.serve_assembled = capture
 
@@ -746,11 +718,12 @@ class Exploration:
 
 
 def explore(view: CallView, layer: int | None = None, head: int | None = None, layout_name: str = "chunk",
-            rho: float = DEFAULT_RHO, chunk: int = LayoutConfig.chunk, log: bool = True) -> Exploration:
+            rho: float = DEFAULT_RHO, chunk: int = LayoutConfig.chunk, log: bool = True,
+            skip: str = LayoutConfig.skip) -> Exploration:
     """The explorer's data for one call and one setting of its controls: the attention heatmap
     (log10 when `log`), the score the layout ranks, the rows it selects, and per segment how much
     of the score and of the selection falls there."""
-    config = LayoutConfig(chunk=chunk)
+    config = LayoutConfig(chunk=chunk, skip=skip)
     heat = view.pattern(None, head)
     if log:
         heat = np.log10(np.clip(heat, 1e-6, None))

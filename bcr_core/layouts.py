@@ -2,15 +2,20 @@
 
 A layout turns row scores (higher = more worth repairing) and a budget rho of the M cached rows
 into the sorted rows to recompute. Ties go to the earlier row or chunk, so selections are
-deterministic.
+deterministic. The budget always counts the whole cache; the scores may cover only some of its
+rows (the candidates, e.g. the rows KVComm predicted), and then only those can be chosen.
 
-- chunk: fixed B-row chunks on a grid, each scored by the mean of its rows; the best
-  round(rho * n_chunks) chunks, n_chunks = ceil(M / B). Algorithm 1 writes round(rho * M / B);
-  the two agree when B divides M, and counting whole chunks (as Table 8 does) makes rho = 1
-  cover every row. Skip rule: serve unrepaired if M < 2B or rho * M < B.
+- chunk: fixed B-row chunks on a grid over the candidates, each scored by the mean of its rows;
+  the best round(rho * M / B) chunks (Algorithm 1), at most every chunk there is. rho = 1 takes
+  every chunk, so it covers every row even when B does not divide M.
 - grow: seed on the best unrepaired row, extend the span towards the better neighbour while that
   neighbour scores >= tau * the seed's score, up to a span cap, until round(rho * M) rows.
 - single: the round(rho * M) best rows.
+
+Rounding is Python's round(): halves go to the even integer (round(2.5) = 2, round(3.5) = 4).
+Skip rule (Algorithm 1, line 1), the same for every layout unless `skip="off"`: serve unrepaired
+if M < 2B or rho * M < B, B the chunk size. With it off, a call is skipped only when the budget
+buys nothing.
 """
 
 from __future__ import annotations
@@ -22,16 +27,22 @@ import torch
 
 from bcr_core.draft_scores import group_scores
 
+SKIP_RULES = ("alg1", "off")
+RANKS = ("all", "predicted")
+
 
 @dataclass(frozen=True)
 class LayoutConfig:
     chunk: int = 64  # B (App. B, Algorithm 1)
     tau: float = 0.25  # grow: a neighbour joins while it scores >= tau * seed (§3)
     span_cap: int = 64  # grow: longest span
+    skip: str = "alg1"  # Algorithm 1's skip rule on every layout, or "off"
 
     def __post_init__(self):
         if self.chunk < 1 or self.span_cap < 1 or not 0.0 <= self.tau <= 1.0:
             raise ValueError(f"need chunk >= 1, span_cap >= 1 and tau in [0, 1]; got {self}")
+        if self.skip not in SKIP_RULES:
+            raise ValueError(f"skip must be one of {', '.join(SKIP_RULES)}; got {self.skip!r}")
 
 
 def check_rho(rho: float) -> None:
@@ -51,47 +62,69 @@ class Layout:
     def __init__(self, config: LayoutConfig = LayoutConfig()):
         self.config = config
 
-    def skip(self, m: int, rho: float) -> bool:
-        """True when this budget buys no repair on an M-row cache."""
-        return round(rho * m) == 0
+    def count(self, m: int, rho: float) -> int:
+        """Units (rows, or chunks for the chunk layout) the budget buys on an M-row cache."""
+        return round(rho * m)
 
-    def select(self, scores: torch.Tensor, rho: float) -> torch.Tensor:
+    def skip(self, m: int, rho: float) -> bool:
+        """True when the call is served unrepaired (Algorithm 1, line 1, or a budget of nothing)."""
+        b = self.config.chunk
+        return (self.config.skip == "alg1" and (m < 2 * b or rho * m < b)) or self.count(m, rho) == 0
+
+    def select(self, scores: torch.Tensor, count: int) -> torch.Tensor:
+        """The rows of `count` units chosen by `scores` (at most what the scores cover)."""
         raise NotImplementedError
 
-    def rows(self, scores: torch.Tensor, rho: float) -> torch.Tensor:
-        """The sorted rows to recompute (empty when the budget is skipped)."""
+    def rows(self, scores: torch.Tensor, rho: float, m: int | None = None) -> torch.Tensor:
+        """The sorted indices (into `scores`) of the rows to recompute; empty when skipped.
+        `m` is the whole cache the budget counts (default: the rows the scores cover)."""
         check_rho(rho)
-        if self.skip(scores.numel(), rho):
+        m = scores.numel() if m is None else m
+        if scores.numel() > m:
+            raise ValueError(f"{scores.numel()} scores for a cache of {m} rows")
+        if self.skip(m, rho) or scores.numel() == 0:
             return torch.empty(0, dtype=torch.long)
-        return self.select(scores.detach().cpu(), rho).sort().values
+        return self.select(scores.detach().cpu(), self.count(m, rho)).sort().values
+
+    def bounds(self, m: int, rho: float) -> tuple[int, int]:
+        """(fewest, most) rows this layout recomputes on an M-row cache whose every row is a candidate."""
+        if self.skip(m, rho):
+            return 0, 0
+        return self.count(m, rho), self.count(m, rho)
 
 
 class Single(Layout):
     name = "single"
 
-    def select(self, scores, rho):
-        return best(scores, round(rho * scores.numel()))
+    def select(self, scores, count):
+        return best(scores, min(count, scores.numel()))
 
 
 class Chunk(Layout):
     name = "chunk"
 
-    def skip(self, m, rho):
-        b = self.config.chunk
-        return m < 2 * b or rho * m < b
+    def count(self, m, rho):
+        chunks = math.ceil(m / self.config.chunk)
+        return chunks if rho == 1.0 else min(chunks, round(rho * m / self.config.chunk))
 
-    def select(self, scores, rho):
-        b, m = self.config.chunk, scores.numel()
-        count = round(rho * math.ceil(m / b))
+    def select(self, scores, count):
+        b, n = self.config.chunk, scores.numel()
         chosen = best(group_scores(scores, b), count)
-        return torch.cat([torch.arange(c * b, min((c + 1) * b, m)) for c in chosen.tolist()])
+        return torch.cat([torch.arange(c * b, min((c + 1) * b, n)) for c in chosen.tolist()])
+
+    def bounds(self, m, rho):
+        if self.skip(m, rho):
+            return 0, 0
+        count, b = self.count(m, rho), self.config.chunk
+        short = m - (math.ceil(m / b) - 1) * b  # the trailing chunk's rows
+        return (count - 1) * b + min(short, b), count * b
 
 
 class Grow(Layout):
     name = "grow"
 
-    def select(self, scores, rho):
-        m, target = scores.numel(), round(rho * scores.numel())
+    def select(self, scores, count):
+        m, target = scores.numel(), min(count, scores.numel())
         values = scores.double().tolist()
         taken = [False] * m
         order = best(scores, m).tolist()

@@ -28,7 +28,7 @@ class OpenGateServer(KVCommServer):
             raise ValueError(f"OpenGate's theta must lie in [0, 1], got {theta}")
         self.theta, self.k = theta, k
 
-    def serve_assembled(self, kv, ids, max_new_tokens, started):
+    def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
         steps = min(self.k, max_new_tokens)
         draft = yield Decode(kv, ids[-1], steps, keep_logits=True)
         confidence = float(torch.stack(draft.logits).softmax(-1).amax(-1).mean())

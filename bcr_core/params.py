@@ -217,6 +217,9 @@ SCHEMA: dict[str, Kind] = {
     "lengths": ListOf(Int(2)),
     "samples": Int(1),
     "results_dir": Str(),
+    "results": Str(),  # a folder of finished runs to read (the committed results, or a `bcr run` output)
+    "fresh": Bool(),  # run everything anew on `model` instead of reading `results`
+    "measure": Str(("agrees_dense", "correct")),  # the per-item outcome the claims are read on
     "smoke": Bool(),
 }
 

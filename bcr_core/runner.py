@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,7 @@ from bcr_core.batching import Unit, run_lanes
 from bcr_core.conditions import make_server, parse
 from bcr_core.pipeline import Pipeline
 from bcr_core.serving import DenseServer, share_segment_caches
-from bcr_core.stats import discordant, mcnemar_exact, wilson_ci
+from bcr_core.stats import paired_table
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,34 @@ class Cell:
     def __post_init__(self):
         if self.n < 1:
             raise ValueError(f"--n must be >= 1, got {self.n}")
-        labels = [parse(c).label for c in self.conditions]
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"conditions repeat: {labels}")
-        object.__setattr__(self, "conditions", tuple(labels))
+        parsed = [parse(c) for c in self.conditions]
+        seen: dict[tuple, str] = {}
+        for c in parsed:
+            if c.settings in seen:
+                raise ValueError(f"conditions {seen[c.settings]} and {c.label} repeat one run (the same settings); list it once")
+            seen[c.settings] = c.label
+        object.__setattr__(self, "conditions", tuple(c.label for c in parsed))
+        if self.reference is not None and parse(self.reference).settings not in seen:
+            raise ValueError(f"--reference {self.reference} is not among the conditions: {', '.join(self.conditions)}")
+
+
+class SharedReference(DenseServer):
+    """The `--fidelity` reference: Dense on a call's prompt, served once per distinct prompt and
+    shared by every condition whose call has that prompt (agent 1's always does; later agents' do
+    whenever their predecessors answered alike). Dense is stateless, so sharing changes no number."""
+
+    def __init__(self, bb, keep: int = 96):
+        super().__init__(bb)
+        self.keep, self.served = keep, OrderedDict()
+
+    def steps(self, prompt, max_new_tokens):
+        key = (tuple(prompt.dense_ids), max_new_tokens)
+        if key not in self.served:
+            self.served[key] = yield from super().steps(prompt, max_new_tokens)
+            if len(self.served) > self.keep:
+                self.served.popitem(last=False)
+        self.served.move_to_end(key)
+        return self.served[key]
 
 
 class RunFiles:
@@ -56,9 +81,9 @@ class RunFiles:
         self.out.mkdir(parents=True, exist_ok=True)
         self.items_path, self.calls_path = self.out / "items.jsonl", self.out / "calls.jsonl"
         settings = self.out / "cell.json"
-        wanted = asdict(cell)
+        wanted = identity(asdict(cell))
         if settings.exists():
-            found = json.loads(settings.read_text())
+            found = identity(json.loads(settings.read_text()))
             if found != json.loads(json.dumps(wanted)):
                 raise ValueError(
                     f"{self.out} holds a run with other settings ({found}); use another --out or delete it"
@@ -81,6 +106,11 @@ class RunFiles:
     def append(self, item: dict, calls: list[dict]) -> None:
         append_jsonl(self.calls_path, calls)
         append_jsonl(self.items_path, [item])
+
+
+def identity(settings: dict) -> dict:
+    """A run's identity: the settings that change its records (not the b/c reference)."""
+    return {k: v for k, v in settings.items() if k != "reference"}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -112,6 +142,7 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
 def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> dict:
     scored = tasks.score(cell.benchmark, request.final_text, item)
     calls = request.calls
+    strictness = {key: bool(scored[key]) for key in ("correct_strict", "correct_lenient") if key in scored}
     measured = [c.fidelity for c in calls if c.fidelity]
     fidelity = {
         "first_token_agree": sum(f["first_token_agree"] for f in measured) / len(measured),
@@ -123,10 +154,13 @@ def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> 
         "item_id": request.item_id,
         "index": index,
         "correct": bool(scored["correct"]),
+        **strictness,
         "answer": scored.get("answer"),
         "final_text": request.final_text,
         "reuse_rate": request.reuse_rate,
         "rows_per_call": sum(c.rows_recomputed for c in calls) / len(calls),
+        "rows_wasted_per_call": sum(c.rows_wasted for c in calls) / len(calls),
+        "skipped_calls": sum(c.skipped for c in calls),
         "ttft_s_mean": sum(c.ttft_s for c in calls) / len(calls),
         "total_s": sum(c.total_s for c in calls),
     }
@@ -146,7 +180,7 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -
     pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
     servers = {c: make_server(bb, c) for c in cell.conditions}
     share_segment_caches(bb, servers.values())
-    reference = DenseServer(bb) if cell.fidelity else None
+    reference = SharedReference(bb) if cell.fidelity else None
     units = []
     for index, item in enumerate(items):
         item_id = str(item["id"])
@@ -189,9 +223,10 @@ def same(a: pd.Series, b: pd.Series) -> pd.Series:
 
 
 def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "dense") -> pd.DataFrame:
-    """One row per condition: accuracy with its Wilson interval, agreement with Dense's final
-    text and extracted answer, reuse rate, rows per call, TTFT, and the b/c split with exact p
-    against `reference`.
+    """One row per condition: accuracy with its Wilson interval (and strict accuracy where the
+    benchmark has two rules), agreement with Dense's final text and extracted answer, reuse rate,
+    rows per call and how many of them were already exact, calls the skip rule served unrepaired,
+    TTFT, and the paired split against `reference` with its exact p (`stats.paired_table`).
 
     Only items every condition finished are used, so every comparison is paired.
     """
@@ -199,24 +234,23 @@ def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "d
     items = paired_only(items)
     table = items.pivot(index="item_id", columns="condition")
     reference = reference or ("kvcomm" if "kvcomm" in conditions else conditions[0])
+    reference = next((c for c in conditions if parse(c).settings == parse(reference).settings), reference)
+    if reference not in conditions:
+        raise ValueError(f"reference {reference!r} is not among the conditions: {', '.join(conditions)}")
+    split = paired_table(items[["item_id", "condition", "correct"]], reference).set_index("condition")
     rows = []
     for c in conditions:
-        correct = table["correct"][c].astype(bool)
-        k, n = int(correct.sum()), len(correct)
-        lo, hi = wilson_ci(k, n) if n else (float("nan"), float("nan"))
-        b, cc = discordant(table["correct"][reference].astype(bool), correct) if c != reference else (None, None)
-        rows.append({
-            "condition": c,
-            "n": n,
-            "accuracy": k / n if n else float("nan"),
-            "ci_lo": lo,
-            "ci_hi": hi,
+        row = {"condition": c} | split.loc[c, ["n", "accuracy", "wilson_lo", "wilson_hi"]].to_dict()
+        if "correct_strict" in table:
+            row["accuracy_strict"] = table["correct_strict"][c].astype(bool).mean()
+        rows.append(row | {
             "dense_agreement": (table["final_text"][c] == table["final_text"][dense]).mean() if dense in conditions else None,
             "answer_agreement": same(table["answer"][c], table["answer"][dense]).mean() if dense in conditions else None,
             "reuse_rate": table["reuse_rate"][c].mean(),
             "rows_per_call": table["rows_per_call"][c].mean(),
+            "rows_wasted_per_call": table["rows_wasted_per_call"][c].mean() if "rows_wasted_per_call" in table else None,
+            "skipped_calls": int(table["skipped_calls"][c].sum()) if "skipped_calls" in table else None,
             "ttft_ms_median": 1000 * table["ttft_s_mean"][c].median(),
-            f"b/c vs {reference}": None if b is None else f"{b}/{cc}",
-            "p_exact": None if b is None else mcnemar_exact(b, cc),
-        })
+            "reference": reference,
+        } | split.loc[c, ["only_reference_right", "only_condition_right", "p_exact"]].to_dict())
     return pd.DataFrame(rows)

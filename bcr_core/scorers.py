@@ -137,13 +137,14 @@ def extract_mmlu_letter(text: str) -> str | None:
 
 
 def score_mmlu(text: str, item: dict) -> dict:
-    """{"correct" (= strict), "correct_strict", "correct_lenient", "pred" (strict letter), "gold"}."""
+    """{"correct" (= lenient, the paper's rule: the gold letter anywhere in the answer), "correct_strict",
+    "correct_lenient", "pred" (the strict extractor's letter), "gold"}."""
     gold = str(item["answer"]).strip().upper()
     if gold not in LETTERS:
         raise ValueError(f"MMLU item {item.get('id')} has answer {item['answer']!r}; expected one of A-D")
     pred = extract_mmlu_letter(text)
-    strict = pred == gold
-    return {"correct": strict, "correct_strict": strict, "correct_lenient": mmlu_lenient(text, gold),
+    lenient = mmlu_lenient(text, gold)
+    return {"correct": lenient, "correct_strict": pred == gold, "correct_lenient": lenient,
             "pred": pred, "gold": gold}
 
 

@@ -1,10 +1,13 @@
 """Selectors: what ranks an assembled cache's rows for repair. One protocol, three rules.
 
-`scores(bb, kv, ids, last_id) -> (rows,) tensor`, higher = repair first.
+`scores(bb, kv, ids, last_id, rows=None) -> (len(rows),) tensor`, higher = repair first: the scores
+of the candidate `rows` of the assembled cache (default every row; BCR may pass only the predicted
+ones).
 
 - DraftSelector (BCR, Algorithm 2): draft k = 2 tokens, score rows by the attention they got.
-- CoinSelector (the random control): uniform scores from a seeded stream that advances once per
-  repaired call; no draft, so it spends k fewer decode steps.
+- CoinSelector (the random control): a seeded stream that advances once per repaired call and
+  draws one uniform per unit of the layout (a chunk, or a row), so every chunk is equally likely;
+  no draft, so it spends k fewer decode steps.
 - CacheBlendSelector (App. D, ported): the deviation between fresh layer-1 values and the
   assembled cache's layer-1 values, row by row. Fresh values need layer 0 over every row, which
   is exact in an assembled cache, so two layers are run over the whole prompt.
@@ -24,28 +27,34 @@ class DraftSelector:
     def __init__(self, k: int = 2):
         self.k = k
 
-    def scores(self, bb, kv, ids, last_id):
-        return row_scores(bb.draft(kv, last_id, self.k).attention)
+    def scores(self, bb, kv, ids, last_id, rows=None):
+        scores = row_scores(bb.draft(kv, last_id, self.k).attention)
+        return scores if rows is None else scores[rows]
 
 
 class CoinSelector:
     name = "coin"
 
-    def __init__(self, seed: int = 0):
-        self.seed = seed
+    def __init__(self, seed: int = 0, unit: int = 1):
+        if unit < 1:
+            raise ValueError(f"the coin's unit must be >= 1 row, got {unit}")
+        self.seed, self.unit = seed, unit
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
-    def scores(self, bb, kv, ids, last_id):
-        return self.draw(kv.length)
+    def scores(self, bb, kv, ids, last_id, rows=None):
+        return self.draw(kv.length if rows is None else len(rows))
 
     def draw(self, m: int) -> torch.Tensor:
-        """One draw of the stream: a uniformly random ranking of m rows."""
-        return torch.from_numpy(self.rng.random(m))
+        """One draw of the stream over m rows: one uniform per unit of `unit` consecutive rows
+        (the last unit may be shorter), repeated over its rows."""
+        units = torch.from_numpy(self.rng.random(-(-m // self.unit)))
+        return units.repeat_interleave(self.unit)[:m]
 
 
 class CacheBlendSelector:
     name = "cacheblend"
 
-    def scores(self, bb, kv, ids, last_id):
+    def scores(self, bb, kv, ids, last_id, rows=None):
         fresh = bb.prefill_layers(ids, kv.positions, layers=2)
-        return (fresh.values[1] - kv.values[1].to(fresh.values.dtype)).float().norm(dim=-1).mean(dim=(0, 1))
+        deviation = (fresh.values[1] - kv.values[1].to(fresh.values.dtype)).float().norm(dim=-1).mean(dim=(0, 1))
+        return deviation if rows is None else deviation[rows]

@@ -41,6 +41,8 @@ class CallRecord:
     total_s: float
     rows_recomputed: int = 0
     repaired_rows: list[int] = field(default_factory=list)
+    rows_wasted: int = 0  # repaired rows that were already exact (the agent's prefix): budget that changed nothing
+    skipped: bool = False  # served from an assembled cache that the repair's skip rule left unrepaired
     segment_map: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     fidelity: dict = field(default_factory=dict)  # in-situ comparison with Dense on the same prompt, if asked
@@ -106,6 +108,7 @@ class Served:
     ttft: float
     total: float
     repaired_rows: list[int] = field(default_factory=list)
+    skipped: bool = False  # a repair server's skip rule left the assembled cache as it was
 
 
 class DenseServer(Server):
@@ -188,6 +191,13 @@ def placeholder_spans(segment_map: list[dict]) -> list[tuple[dict, dict | None]]
     return spans
 
 
+def predicted_rows(spans: list[dict], m: int) -> list[int]:
+    """The rows of an M-row assembled cache that KVComm predicted: every placeholder's value and the
+    template text after it. The rest (the agent's own prefix) is exact."""
+    covered = [(v["start"], v["stop"]) for pair in placeholder_spans(spans) for v in pair if v is not None]
+    return [j for start, stop in covered for j in range(start, min(stop, m))]
+
+
 def rows(ids: list[int], span: dict) -> list[int]:
     return ids[span["start"] : span["stop"]]
 
@@ -214,7 +224,7 @@ class KVCommServer(Server):
         if reason == REUSE:
             assembled = self.assemble(ids, spans, node, decisions)
             assembly_s = time.perf_counter() - started
-            served = yield from self.serve_assembled(assembled, ids, max_new_tokens, started)
+            served = yield from self.serve_assembled(assembled, ids, max_new_tokens, started, spans)
             if served is None:
                 reason = self.refusal
             else:
@@ -226,11 +236,14 @@ class KVCommServer(Server):
             full = KV.from_cache(generation.cache, torch.arange(len(ids)))  # the prompt's rows, the last included
             self.store_anchors(ids, spans, node, full)
             served = Served(kv, generation.tokens, ttft, total)
+        predicted = set(predicted_rows(spans, len(ids) - 1))
         return CallRecord(
             node, prompt.template.role, self.name, "reuse" if reason == REUSE else "dense", reason, ids,
             prompt.dense_ids, ids, served.tokens, self.bb.decode(served.tokens), served.ttft, served.total,
-            rows_recomputed=len(served.repaired_rows), repaired_rows=served.repaired_rows, segment_map=spans,
-            decisions=[d.to_dict() for d in decisions], served=(served.kv, ids[-1]), assembly_s=assembly_s,
+            rows_recomputed=len(served.repaired_rows), repaired_rows=served.repaired_rows,
+            rows_wasted=sum(j not in predicted for j in served.repaired_rows), skipped=served.skipped,
+            segment_map=spans, decisions=[d.to_dict() for d in decisions], served=(served.kv, ids[-1]),
+            assembly_s=assembly_s,
         )
 
     # -- hooks for the policies built on this server ----------------------------------------
@@ -240,9 +253,9 @@ class KVCommServer(Server):
         """The call's reason: reuse iff every placeholder passed the gate."""
         return next((d.reason for d in decisions if not d.reuse), REUSE)
 
-    def serve_assembled(self, kv: KV, ids: list[int], max_new_tokens: int, started: float):
+    def serve_assembled(self, kv: KV, ids: list[int], max_new_tokens: int, started: float, spans: list[dict]):
         """Decode from the assembled cache as it is (KVComm); steps returning a `Served`, or None
-        to send the call to the dense path."""
+        to send the call to the dense path. `spans` is the prompt's segment map."""
         generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
         return Served(kv, generation.tokens, ttft, total)
 

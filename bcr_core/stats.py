@@ -28,6 +28,7 @@ __all__ = [
     "discordant",
     "reuse_accuracy_line",
     "line_residuals",
+    "paired_split",
     "paired_table",
 ]
 
@@ -256,6 +257,17 @@ def _check_records(records: pd.DataFrame, value: str, item: str, condition: str)
         )
 
 
+SPLIT = ("only_reference_right", "only_condition_right")
+
+
+def paired_split(reference: Iterable[object], condition: Iterable[object]) -> dict:
+    """The discordant split of a condition against a reference, named by what each count counts,
+    and its exact McNemar p: the one orientation every table of the lab uses."""
+    only_reference, only_condition = discordant(reference, condition)
+    return {"only_reference_right": only_reference, "only_condition_right": only_condition,
+            "p_exact": mcnemar_exact(only_reference, only_condition)}
+
+
 def paired_table(
     records: pd.DataFrame,
     reference: str,
@@ -268,12 +280,13 @@ def paired_table(
     `records` holds one row per (item, condition) with a boolean `value` column, and
     every condition must cover exactly the same items (paired design). One output row
     per condition, the reference first, then the others in order of first appearance:
-    condition, n, accuracy (fraction), wilson_lo, wilson_hi (95%), b, c, p_exact.
+    condition, n, accuracy (fraction), wilson_lo, wilson_hi (95%), only_reference_right,
+    only_condition_right, p_exact.
 
-    Orientation: b counts items the ROW's condition gets right and the reference gets
-    wrong, c the reverse (the row's condition is the first-named one); p_exact is
-    `mcnemar_exact(b, c)`. The reference row has no split of its own: b, c are <NA>
-    and p_exact is NaN, like the paper's "-".
+    `only_reference_right` counts items the reference gets right and the row's condition
+    misses, `only_condition_right` the reverse; p_exact is the exact McNemar test on them.
+    The reference row has no split of its own: its counts are <NA> and p_exact is NaN,
+    like the paper's "-".
     """
     _check_records(records, value, item, condition)
     conds = list(dict.fromkeys(records[condition].tolist()))
@@ -296,14 +309,13 @@ def paired_table(
         k, n = int(col.sum()), int(col.size)
         lo, hi = wilson_ci(k, n)
         if cond == reference:
-            b = c = pd.NA
-            p = math.nan
+            split = {"only_reference_right": pd.NA, "only_condition_right": pd.NA, "p_exact": math.nan}
         else:
-            b, c = discordant(col, ref)
-            p = mcnemar_exact(b, c)
-        rows.append({"condition": cond, "n": n, "accuracy": k / n, "wilson_lo": lo,
-                     "wilson_hi": hi, "b": b, "c": c, "p_exact": p})
+            split = paired_split(ref, col)
+        rows.append({"condition": cond, "n": n, "accuracy": k / n, "wilson_lo": lo, "wilson_hi": hi} | split)
     table = pd.DataFrame(rows)
-    table["b"] = table["b"].astype("Int64")
-    table["c"] = table["c"].astype("Int64")
+    for column in SPLIT:
+        table[column] = table[column].astype("Int64")
     return table
+
+

@@ -36,13 +36,15 @@ def test_full_budget_reproduces_token_matched_dense(tiny_chat, condition):
 
 
 def test_budget_and_skip_rule_in_the_records(tiny_chat):
-    records = run(tiny_chat, make_server(tiny_chat, "bcr-single@0.2:gamma=1"), QUESTIONS[:4])
+    records = run(tiny_chat, make_server(tiny_chat, "bcr-single@0.2:gamma=1,skip=off"), QUESTIONS[:4])
     for call in (c for r in records for c in r.calls):
         m = len(call.merged_ids) - 1
         expected = round(0.2 * m) if call.mode == "reuse" else 0
-        assert call.rows_recomputed == expected == len(call.repaired_rows)
-    chunk = run(tiny_chat, make_server(tiny_chat, "bcr-chunk@0.2:gamma=1"), QUESTIONS[:4])
-    assert all(c.rows_recomputed == 0 for r in chunk for c in r.calls)  # rho * M < 64: every call skips
+        assert call.rows_recomputed == expected == len(call.repaired_rows) and not call.skipped
+    for spec in ("bcr-chunk@0.2:gamma=1", "bcr-single@0.2:gamma=1", "cacheblend-cost@0.2:gamma=1"):
+        calls = [c for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls]
+        assert all(c.rows_recomputed == 0 for c in calls)  # rho * M < 64: every layout skips alike
+        assert [c.skipped for c in calls] == [c.mode == "reuse" for c in calls]
 
 
 def test_repair_at_partial_budget_moves_the_cache_towards_dense(tiny_chat):
@@ -67,9 +69,9 @@ def test_coin_stream_is_reproducible_and_seeded():
 
 def test_coin_condition_repeats_under_the_same_seed_only(tiny_chat):
     rows = lambda spec: [c.repaired_rows for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls]
-    same = rows("coin-single@0.3:gamma=1,seed=4")
-    assert any(same) and same == rows("coin-single@0.3:gamma=1,seed=4")
-    assert same != rows("coin-single@0.3:gamma=1,seed=5")
+    same = rows("coin-single@0.3:gamma=1,seed=4,skip=off")
+    assert any(same) and same == rows("coin-single@0.3:gamma=1,seed=4,skip=off")
+    assert same != rows("coin-single@0.3:gamma=1,seed=5,skip=off")
 
 
 def test_cacheblend_ranks_rows_by_their_layer_one_value_deviation(tiny_chat):

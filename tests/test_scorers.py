@@ -58,7 +58,7 @@ def test_mmlu_lenient_and_strict_disagree():
     result = scorers.score("mmlu", "It is not A, the answer is B", MMLU)
     assert result["correct_lenient"] is True
     assert result["correct_strict"] is False and result["pred"] == "B"
-    assert result["correct"] is False
+    assert result["correct"] is True  # the paper's rule is the lenient one (App. E); strict is kept beside it
 
 
 def test_mmlu_lenient_is_case_sensitive_substring():

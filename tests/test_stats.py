@@ -338,17 +338,18 @@ BCR_COL = [True, True, True, True, True, True, False, True]  # BCR-only: 4; Dens
 def test_paired_table_known_splits():
     table = paired_table(tidy({"kvcomm": KV_COL, "dense": DENSE_COL, "bcr": BCR_COL}), "dense")
     assert list(table.columns) == [
-        "condition", "n", "accuracy", "wilson_lo", "wilson_hi", "b", "c", "p_exact"
+        "condition", "n", "accuracy", "wilson_lo", "wilson_hi", "only_reference_right", "only_condition_right",
+        "p_exact"
     ]
     assert table["condition"].tolist() == ["dense", "kvcomm", "bcr"]
     assert table["n"].tolist() == [8, 8, 8]
     assert table["accuracy"].tolist() == [6 / 8, 4 / 8, 7 / 8]
-    # b = row's condition right and reference wrong, c = the reverse
+    # Dense-only items: 1, 2, 7; KVComm-only: 6
     kv = table.set_index("condition").loc["kvcomm"]
-    assert (kv["b"], kv["c"]) == (1, 3)
+    assert (kv["only_reference_right"], kv["only_condition_right"]) == (3, 1)
     assert kv["p_exact"] == pytest.approx(binom_two_sided(1, 3))
     bcr = table.set_index("condition").loc["bcr"]
-    assert (bcr["b"], bcr["c"]) == (1, 0)
+    assert (bcr["only_reference_right"], bcr["only_condition_right"]) == (0, 1)
     assert bcr["p_exact"] == pytest.approx(1.0)
     lo, hi = wilson_closed_form(4, 8)
     assert (kv["wilson_lo"], kv["wilson_hi"]) == pytest.approx((lo, hi), abs=1e-10)
@@ -358,7 +359,8 @@ def test_paired_table_reference_row_has_no_split():
     table = paired_table(tidy({"dense": DENSE_COL, "kvcomm": KV_COL}), "dense")
     ref = table.iloc[0]
     assert ref["condition"] == "dense"
-    assert pd.isna(ref["b"]) and pd.isna(ref["c"]) and math.isnan(ref["p_exact"])
+    assert pd.isna(ref["only_reference_right"]) and pd.isna(ref["only_condition_right"])
+    assert math.isnan(ref["p_exact"])
 
 
 def test_paired_table_ignores_row_order_and_custom_columns():
@@ -366,7 +368,7 @@ def test_paired_table_ignores_row_order_and_custom_columns():
     records = records.rename(columns={"item_id": "q", "condition": "arm", "correct": "ok"})
     table = paired_table(records, "dense", value="ok", item="q", condition="arm")
     kv = table.set_index("condition").loc["kvcomm"]
-    assert (kv["b"], kv["c"]) == (1, 3)
+    assert (kv["only_reference_right"], kv["only_condition_right"]) == (3, 1)
 
 
 def test_paired_table_rejects_unpaired_items():
