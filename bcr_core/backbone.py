@@ -237,6 +237,17 @@ class Backbone:
             position += 1
         return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
 
+    @torch.inference_mode()
+    def forced_logits(self, kv: KV, last_id: int, tokens: list[int]) -> torch.Tensor:
+        """Next-token logits (len(tokens), vocab) with `tokens` teacher-forced after `last_id`: what
+        `generate(kv, last_id, 0, forced=tokens, keep_logits=True)` gives step by step, in one forward."""
+        if not tokens:
+            raise ValueError("forced_logits needs at least one token")
+        fed = torch.tensor([[int(last_id), *map(int, tokens[:-1])]], device=self.device)
+        positions = torch.arange(kv.next_position, kv.next_position + fed.shape[1], device=self.device)
+        out = self.model(input_ids=fed, position_ids=positions[None], cache=kv.to_cache(), use_cache=True)
+        return out.logits[0].float()
+
     def generate_batch(self, requests: list[tuple[KV, int, int]], stop_ids=None) -> list[Generation]:
         """`generate` for several (cache, last id, max new tokens) at once, caches of any lengths
         (see `BatchDecoder`). One request takes `generate`'s path unchanged."""

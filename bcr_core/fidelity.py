@@ -16,9 +16,7 @@ from bcr_core.serving import CallRecord
 def teacher_forced_kl(bb: Backbone, reference: tuple, candidate: tuple, tokens: list[int]) -> float:
     """Mean over steps of KL(P_reference || P_candidate), both fed `tokens` after their last prompt id."""
     tokens = list(tokens) or [bb.stop_ids[0]]
-    ref = torch.stack(bb.generate(*reference, 0, forced=tokens, keep_logits=True).logits)
-    cand = torch.stack(bb.generate(*candidate, 0, forced=tokens, keep_logits=True).logits)
-    log_p, log_q = ref.log_softmax(-1), cand.log_softmax(-1)
+    log_p, log_q = bb.forced_logits(*reference, tokens).log_softmax(-1), bb.forced_logits(*candidate, tokens).log_softmax(-1)
     return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
 
 
