@@ -18,7 +18,7 @@ from bcr_core.params import ParameterError
 from bcr_core.runner import Cell, run_cell
 
 EXPECTED = ["00_quickstart", "01_warmup", "02_gate_sweep", "03_unit_of_choice", "04_tokenization_control",
-            "05_layouts", "06_budget_sweep", "07_latency", "08_allocation", "09_attention_explorer"]
+            "05_layouts", "06_budget_sweep", "07_latency", "08_allocation", "09_attention_explorer", "10_claims"]
 
 
 # -- parameters ---------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_smoke_applies_only_to_declared_names_and_overrides():
 
 
 # -- notebooks on disk ----------------------------------------------------------------------------
-def test_the_ten_notebooks_are_stored_clean_with_parameters_then_check():
+def test_every_notebook_is_stored_clean_with_parameters_then_check():
     paths = notebook_paths()
     assert [p.stem for p in paths] == EXPECTED
     for path in paths:
@@ -163,7 +163,7 @@ def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
     budget = lab.budget_check(runs.calls)
     assert budget["within"].all() and (budget[budget["mode"] == "reuse"]["rows"] > 0).any()
     table = lab.condition_table(runs.items, reference="kvcomm@1")
-    assert list(table.columns).index("b") < list(table.columns).index("p_exact")
+    assert list(table.columns).index("only_reference_right") < list(table.columns).index("p_exact")
     assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
     counts = lab.gate_counts(runs.calls).set_index("condition")
     assert (counts["reused"] + counts["dense"] == counts["calls"]).all()
@@ -178,11 +178,13 @@ def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
 
 def test_explore_selects_what_the_layout_prescribes(tiny_chat):
     items = GRID.items()
-    inspection = lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1", 4, progress=False)
+    inspection = lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4,
+                                      progress=False)
     view = inspection.view()
-    assert view.select("single", 0.2) == view.repaired_rows  # the captured draft reproduces the server's choice
+    assert view.repaired_rows  # the captured draft reproduces the server's choice
+    assert view.select("single", 0.2, LayoutConfig(skip="off")) == view.repaired_rows
     for rho in (0.1, 0.35):
-        ex = lab.explore(view, layout_name="single", rho=rho)
+        ex = lab.explore(view, layout_name="single", rho=rho, skip="off")
         assert ex.count == round(rho * view.rows) and ex.expected == (ex.count, ex.count)
     chunk = lab.explore(view, layout_name="chunk", rho=0.5, chunk=8)
     assert chunk.expected[0] <= chunk.count <= chunk.expected[1]
@@ -191,7 +193,7 @@ def test_explore_selects_what_the_layout_prescribes(tiny_chat):
     assert torch.allclose(torch.from_numpy(head.score), view.attention[1, :, 0].mean(0))
     figure = lab.attention_figure(view, chunk)
     assert lab.highlighted_rows(figure) == chunk.selected
-    lab.update_figure(figure, view, lab.explore(view, layout_name="single", rho=0.1))
+    lab.update_figure(figure, view, lab.explore(view, layout_name="single", rho=0.1, skip="off"))
     assert len(lab.highlighted_rows(figure)) == round(0.1 * view.rows)
     assert lab.row_limit("chunk", 0.2, 100, LayoutConfig(chunk=64)) == (0, 0)  # under two chunks: no repair
 
