@@ -50,7 +50,11 @@ def cache_dir() -> Path:
     if not root:
         root = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "bcr")
     path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AssetError(f"the cache folder {path} (BCR_CACHE) cannot be used: {err.strerror or err}; "
+                         "point BCR_CACHE at a writable folder") from None
     return path
 
 

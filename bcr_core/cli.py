@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from bcr_core.assets import AssetError
 from bcr_core.models import DEFAULT_MODEL, ModelError
 
 
@@ -64,6 +65,8 @@ def cmd_demo(args) -> int:
 
     from bcr_core.demo import demo
 
+    if args.new_tokens < 1:
+        raise ValueError(f"--new-tokens must be at least 1, got {args.new_tokens}")
     table = demo(load_backbone(args), prompt=args.prompt, new_tokens=args.new_tokens)
     with pd.option_context("display.max_colwidth", 70):
         return print_table(table, args)
@@ -86,7 +89,11 @@ def cmd_run(args) -> int:
     from bcr_core.conditions import split_conditions
     from bcr_core.runner import Cell, run_cell, summarize
 
-    conditions = expand_seeds(split_conditions(args.conditions), split_list(args.seeds, int) if args.seeds else None)
+    conditions = split_conditions(args.conditions)
+    if args.seeds and not any(c.startswith("coin-") for c in conditions):
+        raise ValueError("--seeds runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) "
+                         "is listed")
+    conditions = expand_seeds(conditions, split_list(args.seeds, int) if args.seeds else None)
     extra = {"seed": args.item_seed} if args.benchmark == "synthetic" else {}
     cell = Cell(args.benchmark, args.agents, tuple(conditions), args.n, args.max_new_tokens, args.pinned,
                 args.model, args.reference, extra, args.fidelity)
@@ -99,6 +106,8 @@ def cmd_run(args) -> int:
 def cmd_unit_curve(args) -> int:
     from bcr_core.unit_curve import UnitCurveConfig, default_texts, read_prompts, summarize_curve, unit_curve
 
+    if args.seeds < 1:
+        raise ValueError(f"--seeds is how many random selections to compare with, at least 1; got {args.seeds}")
     config = UnitCurveConfig(args.segment_tokens, args.budget, tuple(split_list(args.units, int)),
                              tuple(args.seed + i for i in range(args.seeds)))
     texts = read_prompts(args.prompts) if args.prompts else default_texts()
@@ -107,9 +116,11 @@ def cmd_unit_curve(args) -> int:
 
 
 def cmd_ttft(args) -> int:
-    from bcr_core.latency import ttft_table
+    from bcr_core.latency import check_settings, ttft_table
 
-    table = ttft_table(load_backbone(args), split_list(args.lengths, int), split_list(args.rho, float), args.samples,
+    lengths = split_list(args.lengths, int)
+    check_settings(lengths, args.samples)
+    table = ttft_table(load_backbone(args), lengths, split_list(args.rho, float), args.samples,
                        progress=True)  # tqdm writes to stderr, so --json stdout stays one document
     return print_table(table, args, digits=2)
 
@@ -218,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ModelError, ValueError) as err:
+    except (ModelError, ValueError, AssetError) as err:
         print(f"bcr {args.command}: error: {err}", file=sys.stderr)
         return 2
 

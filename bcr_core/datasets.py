@@ -357,7 +357,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _committed(filename: str) -> bytes:
-    return (data_dir() / filename).read_bytes()
+    """A committed data file's bytes, checked against the manifest's sha256 (a changed answer would
+    otherwise be scored silently)."""
+    path = data_dir() / filename
+    raw = path.read_bytes()
+    expected = read_manifest(data_dir())["files"].get(filename, {}).get("sha256")
+    if expected is None or hashlib.sha256(raw).hexdigest() != expected:
+        raise AssetError(f"{path} does not match data/manifest.json (sha256 {hashlib.sha256(raw).hexdigest()[:12]}..., "
+                         f"expected {str(expected)[:12]}...): restore it with `git checkout -- {path.name}` or "
+                         "`python -m bcr_core.datasets rebuild`")
+    return raw
 
 
 def load_gsm8k() -> list[dict]:

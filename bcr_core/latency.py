@@ -46,12 +46,19 @@ def symbol_segment(tokenizer, length: int, rng: random.Random) -> str:
     return tokenizer.decode([rng.choice(alphabet) for _ in range(length)]).strip()
 
 
+def check_settings(lengths, samples: int) -> None:
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    short = [n for n in lengths if n < 1]
+    if short:
+        raise ValueError(f"--lengths are segment lengths in tokens, each at least 1; got {short}")
+
+
 def ttft_calls(bb, lengths=(64, 512, 2048, 4096), rhos=(0.05, 0.1, 0.2, 0.3, 0.4), samples: int = 3,
                seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """One row per timed call and method: length, sample, node, method, rho, ttft_s, and the
     paired Dense call's ttft."""
-    if samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {samples}")
+    check_settings(lengths, samples)
     methods = [("dense", None, "dense"), ("kvcomm", None, "kvcomm@1")]
     methods += [(m, rho, f"{m}@{rho:g}:gamma=1") for rho in rhos for m in ("bcr-chunk", "coin-chunk")]
     rng = random.Random(seed)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bcr_core.assets import SMOLLM2_GGUF, cache_dir, fetch
+from bcr_core.assets import SMOLLM2_GGUF, cache_dir, fetch, sha256_of
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
@@ -59,11 +59,45 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# sha256 of every file the conversion writes. It is deterministic under the pinned transformers, so a
+# file that differs is corrupted: one flipped byte in the weights gives garbage answers and exit 0.
+EMBEDDED_FILES = {
+    "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
+    "config.json": "8e7955e0774d472f03e08cb5ec79e478ddc8bd75431d7f5d9cae482a66f3cc06",
+    "generation_config.json": "a847b4a045b613dd1120e2306220539925bd58d4163b50fae2cb73781b2032b8",
+    "model.safetensors": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+    "tokenizer.json": "bf346d64f6f0fbcefb4c1b6928a98241467dff36c6fbae5fe1785c4ff90667f4",
+    "tokenizer_config.json": "156c41a2e14e6e6bd4286c506c38ee883a78e0f5ce165ad9bf63fe73ebf9e974",
+}
+
+
+def embedded_mismatches(folder: Path) -> list[str]:
+    """The names of the converted files that are missing or differ from their pinned sha256."""
+    return [name for name, digest in EMBEDDED_FILES.items()
+            if not (folder / name).is_file() or sha256_of(folder / name) != digest]
+
+
 def embedded_model_dir() -> Path:
-    """The embedded model as a safetensors directory, converting it from gguf on first use."""
+    """The embedded model as a safetensors directory, converted from gguf on first use and checked
+    against its pinned checksums at every load; a corrupted conversion is redone once."""
     target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
-    if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+    found = embedded_mismatches(target) if target.exists() else list(EMBEDDED_FILES)
+    if not found:
         return target
+    if not os.access(target.parent if target.parent.exists() else cache_dir(), os.W_OK):
+        raise ModelError(f"the embedded model in {target} needs converting ({', '.join(found)}), but the cache "
+                         "is read-only: set BCR_CACHE to a writable folder")
+    convert_embedded(target)
+    found = embedded_mismatches(target)
+    if found:
+        raise ModelError(f"the embedded model converted into {target} does not match its pinned checksums: "
+                         f"{', '.join(found)}. The converted model is corrupted or transformers is not the pinned "
+                         "version; delete the folder and reinstall with `make setup`")
+    return target
+
+
+def convert_embedded(target: Path) -> None:
+    """gguf -> safetensors, written beside `target` and moved into place whole."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = fetch(SMOLLM2_GGUF)
@@ -77,7 +111,6 @@ def embedded_model_dir() -> Path:
     tokenizer.save_pretrained(partial)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
-    return target
 
 
 def resolve(model: str | None) -> str:
@@ -131,6 +164,7 @@ def check_architecture(config) -> None:
 
 def load_pretrained(model: str | None, device: str | None = None, dtype: torch.dtype | None = None):
     """(model, tokenizer) for a model name, in eval mode with sdpa attention."""
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     source = resolve(model)
@@ -139,9 +173,19 @@ def load_pretrained(model: str | None, device: str | None = None, dtype: torch.d
     except OSError as err:
         raise ModelError(f"could not load model {model!r} from the local Hugging Face cache or the hub: {err}") from err
     check_architecture(config)
+    folder = Path(source)
+    if folder.is_dir() and not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
+        raise ModelError(f"model directory {folder} has a config but no weights (*.safetensors or pytorch_model*.bin); "
+                         f"for random weights with its shapes use --model config:{folder}")
     device = device or default_device()
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype or default_dtype(device), attn_implementation="sdpa"
-    ).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or default_dtype(device),
+                                                        attn_implementation="sdpa").to(device)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # e.g. a truncated or bad-header safetensors
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(f"could not load model {model!r} from {source}: {first}") from err
+    if len(tokenizer) > config.vocab_size:
+        raise ModelError(f"model {model!r}: its tokenizer has {len(tokenizer)} tokens but the config's vocab_size is "
+                         f"{config.vocab_size}; the config does not belong to these weights")
     return hf_model.eval(), tokenizer

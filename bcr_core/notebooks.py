@@ -141,7 +141,8 @@ def run_notebook(path: Path, out: Path, parameters: dict | None = None, kernel: 
     started = time.perf_counter()
     error = None
     try:
-        with kernel_environment(TQDM_DISABLE="1"):
+        explicit = ",".join(k for k in injected if k not in ("smoke", "results_dir"))
+        with kernel_environment(TQDM_DISABLE="1", BCR_EXPLICIT_PARAMETERS=explicit):
             papermill.execute_notebook(str(path), str(executed), parameters=injected,
                                        kernel_name=kernel or kernel_name(), cwd=str(path.parent), progress_bar=False)
     except PapermillExecutionError as err:

@@ -14,6 +14,7 @@ instead of a traceback deep in `bcr_core`. `Params.smoke` swaps in the CI-sized 
 from __future__ import annotations
 
 import html
+import os
 import math
 import numbers
 from dataclasses import dataclass
@@ -283,10 +284,13 @@ class Params:
 
     def smoke(self, **overrides) -> Params:
         """With `smoke` set: the CI-sized settings (SMOKE, for the names this notebook has, then
-        `overrides`); otherwise unchanged."""
+        `overrides`); otherwise unchanged. A value the user set explicitly (`bcr notebooks -p`,
+        passed on in BCR_EXPLICIT_PARAMETERS) is honoured, not overridden."""
         if not self._values.get("smoke"):
             return self
-        changes = {k: v for k, v in SMOKE.items() if k in self._values} | overrides
+        explicit = set(filter(None, os.environ.get("BCR_EXPLICIT_PARAMETERS", "").split(",")))
+        changes = {k: v for k, v in ({k: v for k, v in SMOKE.items() if k in self._values} | overrides).items()
+                   if k not in explicit}
         return self.replace(**changes)
 
     def __repr__(self):

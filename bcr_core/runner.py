@@ -74,11 +74,18 @@ class SharedReference(DenseServer):
 
 
 class RunFiles:
-    """The run's folder: settings, and the two append-only record files."""
+    """The run's folder: settings, the two append-only record files, and a lock that keeps a second
+    process from writing the same folder (a lock left by a killed run is recognised and taken over)."""
 
     def __init__(self, out: Path, cell: Cell):
         self.out = Path(out)
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            probe = self.out / ".writable"
+            probe.touch()
+            probe.unlink()
+        except OSError as err:
+            raise ValueError(f"--out {self.out} cannot hold a run: {err.strerror or err}") from None
         self.items_path, self.calls_path = self.out / "items.jsonl", self.out / "calls.jsonl"
         settings = self.out / "cell.json"
         wanted = identity(asdict(cell))
@@ -88,8 +95,33 @@ class RunFiles:
                 raise ValueError(
                     f"{self.out} holds a run with other settings ({found}); use another --out or delete it"
                 )
-        else:
+        elif self.items_path.exists() or self.calls_path.exists():
+            raise ValueError(f"{self.out} holds records but no cell.json, so their settings are unknown; "
+                             "use another --out, or delete the records")
+        self.lock = self.out / ".lock"
+        self.take_lock()
+        if not settings.exists():
             settings.write_text(json.dumps(wanted, indent=2))
+
+    def take_lock(self) -> None:
+        for _ in range(2):
+            try:
+                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = self.lock.read_text().strip()
+                if holder.isdigit() and process_alive(int(holder)):
+                    raise ValueError(f"{self.out} is being written by another process (pid {holder}); wait for "
+                                     "it to finish, or use another --out") from None
+                self.lock.unlink(missing_ok=True)  # left by a run that was killed
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return
+        raise ValueError(f"could not take the lock {self.lock}")
+
+    def release(self) -> None:
+        if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
+            self.lock.unlink()
 
     def finished(self) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
         """Complete item records and their calls; a torn last line or orphan calls are dropped."""
@@ -113,15 +145,40 @@ def identity(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k != "reference"}
 
 
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file. Only a last line torn by a crash (no newline after it) is
+    dropped, to be redone; any other unreadable line, a blank one included, is an error naming the
+    file and line, and nothing is rewritten."""
     if not path.exists():
         return []
+    text = path.read_text()
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the file ends with a newline: no torn line
     rows = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(lines, start=1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            break  # a line torn by a crash: it and anything after it are redone
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif number == len(lines) and not text.endswith("\n"):
+            break  # torn by a crash: redone
+        else:
+            shown = "a blank line" if not line.strip() else repr(line[:60])
+            raise ValueError(f"{path}, line {number}: unreadable record ({shown}); only a torn last line is "
+                             "redone. Restore or delete that line, then run again; nothing was changed on disk")
     return rows
 
 
@@ -175,37 +232,40 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -
     times then include waiting for the batch; measure latency at batch size 1 or with `bcr ttft`.
     """
     files = RunFiles(out, cell)
-    done, done_calls = files.finished()
-    items = tasks.load_items(cell.benchmark, cell.n, **cell.extra)
-    pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
-    servers = {c: make_server(bb, c) for c in cell.conditions}
-    share_segment_caches(bb, servers.values())
-    reference = SharedReference(bb) if cell.fidelity else None
-    units = []
-    for index, item in enumerate(items):
-        item_id = str(item["id"])
-        for condition, server in servers.items():
-            if (condition, item_id) in done:  # a stateful condition's finished items are a prefix
-                for call in done_calls.get((condition, item_id), []):
-                    getattr(server, "replay", lambda call: None)(call)
-            else:
-                question = tasks.question_text(cell.benchmark, item)
-                units.append(Unit((condition, index), partial(pipeline.steps, server, item_id, question, reference)))
-    bar = tqdm(total=len(items) * len(servers), initial=len(items) * len(servers) - len(units), disable=not progress,
-               desc=f"{cell.benchmark} x{cell.n_agents}")
+    try:
+        done, done_calls = files.finished()
+        items = tasks.load_items(cell.benchmark, cell.n, **cell.extra)
+        pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
+        servers = {c: make_server(bb, c) for c in cell.conditions}
+        share_segment_caches(bb, servers.values())
+        reference = SharedReference(bb) if cell.fidelity else None
+        units = []
+        for index, item in enumerate(items):
+            item_id = str(item["id"])
+            for condition, server in servers.items():
+                if (condition, item_id) in done:  # a stateful condition's finished items are a prefix
+                    for call in done_calls.get((condition, item_id), []):
+                        getattr(server, "replay", lambda call: None)(call)
+                else:
+                    question = tasks.question_text(cell.benchmark, item)
+                    units.append(Unit((condition, index), partial(pipeline.steps, server, item_id, question, reference)))
+        bar = tqdm(total=len(items) * len(servers), initial=len(items) * len(servers) - len(units), disable=not progress,
+                   desc=f"{cell.benchmark} x{cell.n_agents}")
 
-    def may_start(unit: Unit, running: list[Unit]) -> bool:
-        condition = unit.key[0]
-        return getattr(servers[condition], "stateless", False) or all(r.key[0] != condition for r in running)
+        def may_start(unit: Unit, running: list[Unit]) -> bool:
+            condition = unit.key[0]
+            return getattr(servers[condition], "stateless", False) or all(r.key[0] != condition for r in running)
 
-    def finished(unit: Unit, request) -> None:
-        condition, index = unit.key
-        record = item_record(cell, condition, index, items[index], request)
-        files.append(record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls])
-        bar.update(1)
+        def finished(unit: Unit, request) -> None:
+            condition, index = unit.key
+            record = item_record(cell, condition, index, items[index], request)
+            files.append(record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls])
+            bar.update(1)
 
-    run_lanes(bb, units, batch, may_start, finished)
-    bar.close()
+        run_lanes(bb, units, batch, may_start, finished)
+        bar.close()
+    finally:
+        files.release()
     table = pd.DataFrame(read_jsonl(files.items_path))
     return table.sort_values("index", kind="stable").reset_index(drop=True) if len(table) else table
 

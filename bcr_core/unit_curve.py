@@ -45,6 +45,8 @@ class UnitCurveConfig:
     decode_queries: int = 8  # the final prompt token + this many - 1 of Dense's greedy tokens
 
     def __post_init__(self):
+        if not self.seeds:
+            raise ValueError("the probe needs at least one random seed to compare informed choice with")
         if not 0.0 < self.budget <= 1.0:
             raise ValueError(f"the budget must lie in (0, 1], got {self.budget}")
         too_long = [u for u in self.units if u < 1 or u > self.segment_tokens]
@@ -64,10 +66,19 @@ def default_texts(n: int = 6) -> list[str]:
 
 
 def read_prompts(path: Path) -> list[str]:
+    """The `text` of every line of a JSONL file; a missing file, a folder or a bad line is an error
+    naming the file (and the line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--prompts {path}: {'is a folder' if path.is_dir() else 'no such file'}; "
+                         "give a JSONL file, one object with a 'text' field per line")
     texts = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip():
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
             if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                 raise ValueError(f"{path}:{number}: each line must be a JSON object with a 'text' field")
             texts.append(row["text"])

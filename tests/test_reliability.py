@@ -1,0 +1,230 @@
+"""Faults and mistakes, injected: every one gives a clear one-line error or the right result, and no
+record is lost. Each test injects the fault (a corrupted line, a flipped byte, a held lock, a bad
+argument) and asserts the exit code or exception and its message."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bcr_core import datasets, models, runner
+from bcr_core.assets import AssetError
+from bcr_core.cli import main
+from bcr_core.runner import Cell, RunFiles, run_cell
+
+CELL = Cell("synthetic", 2, ("dense", "kvcomm:gamma=1", "coin-single:gamma=1,skip=off,seed=3"), 4,
+            max_new_tokens=3, extra={"seed": 7})
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_chat, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished")
+    run_cell(tiny_chat, CELL, out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("name, line, damage", [
+    ("calls.jsonl", 2, lambda line: line[: len(line) // 2]),  # a corrupted middle line
+    ("items.jsonl", 1, lambda line: "{" + line),
+    ("calls.jsonl", 3, lambda line: ""),  # one blank line
+])
+def test_an_unreadable_middle_line_stops_the_run_and_changes_nothing(tiny_chat, finished, tmp_path, name, line, damage):
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in finished.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    lines = (out / name).read_text().split("\n")
+    lines[line - 1] = damage(lines[line - 1])
+    (out / name).write_text("\n".join(lines))
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=rf"{name}, line {line}: unreadable record .* nothing was changed on disk"):
+        run_cell(tiny_chat, CELL, out, progress=False)
+    assert snapshot(out) == before
+
+
+def test_a_folder_with_records_but_no_settings_is_refused(tmp_path):
+    (tmp_path / "items.jsonl").write_text('{"condition": "dense", "item_id": "0"}\n')
+    with pytest.raises(ValueError, match="holds records but no cell.json"):
+        RunFiles(tmp_path, CELL)
+
+
+def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
+    first = RunFiles(tmp_path, CELL)
+    with pytest.raises(ValueError, match=rf"being written by another process \(pid {os.getpid()}\)"):
+        RunFiles(tmp_path, CELL)
+    first.release()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".lock").write_text(dead.stdout.strip())  # the pid of a process that has exited: a killed run
+    again = RunFiles(tmp_path, CELL)
+    assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    again.release()
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_a_bad_reference_fails_before_any_work_and_is_not_part_of_the_identity(tiny_chat, finished, tmp_path):
+    with pytest.raises(ValueError, match="--reference kvcomm@0.5 is not among the conditions"):
+        Cell("synthetic", 2, ("dense", "kvcomm"), 4, reference="kvcomm@0.5")
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in finished.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    other = Cell(**{**CELL.__dict__, "reference": "dense"})
+    assert len(run_cell(tiny_chat, other, out, progress=False)) == 12  # resumed: the reference changes no record
+
+
+def test_a_changed_data_file_is_refused_at_load(tmp_path, monkeypatch):
+    for f in datasets.data_dir().iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    rows = (tmp_path / "gsm8k.jsonl").read_text().splitlines()
+    first = json.loads(rows[0])
+    first["answer"] = str(int(first["answer"]) + 1)
+    rows[0] = json.dumps(first, ensure_ascii=False)
+    (tmp_path / "gsm8k.jsonl").write_text("\n".join(rows) + "\n")
+    monkeypatch.setattr(datasets, "data_dir", lambda: tmp_path)
+    with pytest.raises(AssetError, match="gsm8k.jsonl does not match data/manifest.json"):
+        datasets.load_gsm8k()
+    assert len(datasets.load_mmlu()) == 153  # the untouched files still load
+
+
+@pytest.fixture
+def fake_embedded(tmp_path, monkeypatch):
+    """The embedded model's checksum guard on small stand-in files: a conversion that writes them."""
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"weights" * 100}
+    monkeypatch.setattr(models, "EMBEDDED_FILES", {k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
+    monkeypatch.setenv("BCR_CACHE", str(tmp_path))
+    conversions = []
+
+    def convert(target, data=files):
+        target.mkdir(parents=True, exist_ok=True)
+        for name, content in data.items():
+            (target / name).write_bytes(content)
+        conversions.append(target)
+
+    monkeypatch.setattr(models, "convert_embedded", convert)
+    return tmp_path / "models" / "SmolLM2-135M-Instruct", files, conversions
+
+
+def test_a_flipped_byte_in_the_converted_model_is_converted_again(fake_embedded):
+    target, files, conversions = fake_embedded
+    assert models.embedded_model_dir() == target and len(conversions) == 1  # first use converts
+    assert models.embedded_model_dir() == target and len(conversions) == 1  # a good copy is used as it is
+    weights = bytearray((target / "model.safetensors").read_bytes())
+    weights[10] ^= 1
+    (target / "model.safetensors").write_bytes(bytes(weights))
+    assert models.embedded_mismatches(target) == ["model.safetensors"]
+    assert models.embedded_model_dir() == target and len(conversions) == 2
+    assert (target / "model.safetensors").read_bytes() == files["model.safetensors"]
+    (target / "config.json").unlink()  # a deleted config is the same case
+    assert models.embedded_model_dir() == target and len(conversions) == 3
+
+
+def test_a_conversion_that_stays_corrupted_is_a_clear_error(fake_embedded, monkeypatch, capsys):
+    target, files, conversions = fake_embedded
+    bad = dict(files, **{"model.safetensors": b"garbage"})
+    monkeypatch.setattr(models, "convert_embedded", lambda t: (t.mkdir(parents=True, exist_ok=True),
+                                                                [(t / k).write_bytes(v) for k, v in bad.items()]))
+    assert main(["verify"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not match its pinned checksums: model.safetensors" in err
+
+
+@pytest.mark.real_model
+def test_the_pinned_checksums_are_the_converted_models():
+    assert models.embedded_mismatches(models.embedded_model_dir()) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--new-tokens", "0"], "--new-tokens must be at least 1, got 0"),
+    (["demo", "--new-tokens", "-3"], "--new-tokens must be at least 1, got -3"),
+    (["unit-curve", "--seeds", "0"], "--seeds is how many random selections"),
+    (["run", "--benchmark", "synthetic", "--conditions", "dense,kvcomm", "--seeds", "0,1", "--n", "2", "--out", "X"],
+     "no coin condition"),
+    (["run", "--benchmark", "synthetic", "--conditions", "bcr-chunk:rho=1.0", "--n", "2", "--out", "X"],
+     "takes no option 'rho'"),
+    (["run", "--benchmark", "synthetic", "--conditions", "bcr-chunk,bcr-chunk@0.2", "--n", "2", "--out", "X"],
+     "repeat one run"),
+    (["run", "--benchmark", "synthetic", "--conditions", "dense,kvcomm", "--reference", "kvcomm@1", "--n", "2",
+      "--out", "X"], "--reference kvcomm@1 is not among the conditions"),
+    (["ttft", "--lengths", "0"], "--lengths are segment lengths in tokens, each at least 1; got [0]"),
+    (["unit-curve", "--prompts", "MISSING"], "--prompts MISSING: no such file"),
+])
+def test_mistaken_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: pytest.fail("work started before the arguments were checked"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_several_options_of_one_condition_survive_the_command_line(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(runner, "run_cell", lambda bb, cell, out, **k: seen.setdefault("cell", cell) and pytest.skip())
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda args: None)
+    with pytest.raises(pytest.skip.Exception):
+        main(["run", "--benchmark", "synthetic", "--conditions", "dense,bcr-chunk:chunk=16,gamma=1,kvcomm",
+              "--n", "2", "--out", str(tmp_path / "r")])
+    assert seen["cell"].conditions == ("dense", "bcr-chunk:chunk=16,gamma=1", "kvcomm")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: (p / "file").write_text("x") and p / "file", "cannot hold a run"),
+    (lambda p: p / "file" / "below", "cannot hold a run"),
+])
+def test_an_out_that_cannot_hold_a_run_is_a_clear_error(make, message, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=message):
+        RunFiles(make(tmp_path) if callable(make) else make, CELL)
+
+
+def test_bcr_cache_pointing_at_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("BCR_CACHE", str(tmp_path / "cache"))
+    assert main(["verify"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "BCR_CACHE" in err and "cannot be used" in err
+
+
+def test_prompts_that_are_a_folder_or_malformed_name_the_file_and_line(tmp_path):
+    from bcr_core.unit_curve import read_prompts
+
+    with pytest.raises(ValueError, match="is a folder"):
+        read_prompts(tmp_path)
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"text": "a"}\n{"text": \n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2: each line must be a JSON object"):
+        read_prompts(bad)
+
+
+def test_model_folders_without_weights_with_a_small_vocabulary_or_broken_weights(tiny_chat, tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from conftest import tiny_llama_config
+
+    bare = tmp_path / "bare"
+    tiny_llama_config().save_pretrained(bare)
+    with pytest.raises(models.ModelError, match="has a config but no weights"):
+        models.load_pretrained(str(bare))
+    small = tmp_path / "small"
+    LlamaForCausalLM(tiny_llama_config(vocab_size=1000)).save_pretrained(small)
+    tiny_chat.tokenizer.save_pretrained(small)
+    with pytest.raises(models.ModelError, match="tokenizer has 49152 tokens but the config's vocab_size is 1000"):
+        models.load_pretrained(str(small))
+    weights = small / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: 200])  # truncated
+    with pytest.raises(models.ModelError, match="could not load model"):
+        models.load_pretrained(str(small))
+
+
+def test_smoke_honours_explicit_parameters(monkeypatch):
+    from bcr_core import params
+
+    monkeypatch.setenv("BCR_EXPLICIT_PARAMETERS", "n")
+    p = params.check(n=7, agents=3, smoke=True).smoke()
+    assert p.n == 7 and p.agents == 2  # n was set with -p; agents takes the smoke setting
