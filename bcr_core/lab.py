@@ -603,6 +603,11 @@ class CallView:
         return pd.DataFrame(rows)
 
 
+def readable(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table for display: newlines in text cells shown as ⏎ (pandas would print a literal \\n)."""
+    return frame.apply(lambda column: column.map(lambda v: v.replace("\n", " ⏎ ") if isinstance(v, str) else v))
+
+
 def preview(text: str, width: int = 60) -> str:
     """A one-line preview of a segment's text (newlines shown as ⏎)."""
     flat = text.replace("\n", "⏎")
@@ -760,10 +765,10 @@ def attention_figure(view: CallView, exploration: Exploration, widget: bool = Fa
                    row=2, col=1)
     base.add_trace(go.Scatter(name="selected rows", mode="markers", hoverinfo="skip",
                               marker=dict(symbol="triangle-down", color=SELECTED, size=7)), row=1, col=1)
-    base.update_layout(height=620, showlegend=False, bargap=0, margin=dict(t=150))
+    base.update_layout(height=620, autosize=True, showlegend=False, bargap=0, margin=dict(t=170))
     base.update_xaxes(title_text="cache row (token position in the prompt)", row=2, col=1)
     base.update_yaxes(title_text="layer", row=1, col=1)
-    base.update_yaxes(title_text="score (attention weight)", type="log", row=2, col=1)
+    base.update_yaxes(title_text="score (attention weight)", type="log", dtick=1, exponentformat="power", row=2, col=1)
     figure = go.FigureWidget(base) if widget else base
     update_figure(figure, view, exploration)
     return figure
@@ -786,17 +791,21 @@ def update_figure(figure, view: CallView, exploration: Exploration) -> None:
                                y0=0, y1=1, fillcolor=SHARED_FILL, line=dict(width=0), layer="below"))
         notes.append(dict(x=(span["start"] + span["stop"] - 1) / 2, y=1.0, xref="x", yref="paper", text=span["name"],
                           showarrow=False, textangle=-35, yanchor="bottom", font=dict(size=10)))
+    # Plain lists, not numpy arrays: a FigureWidget compares what the browser sends back with
+    # `not value`, which numpy arrays refuse ("truth value of an array is ambiguous").
     with figure.batch_update() if hasattr(figure, "batch_update") else contextlib.nullcontext():
         heat, bars, marks = figure.data
-        heat.update(z=exploration.heat, x=rows, y=np.arange(layers), customdata=np.tile(tokens, (layers, 1)))
-        bars.update(x=rows, y=exploration.score, customdata=tokens,
+        heat.update(z=exploration.heat.tolist(), x=rows.tolist(), y=list(range(layers)),
+                    customdata=np.tile(tokens, (layers, 1)).tolist())
+        bars.update(x=rows.tolist(), y=np.asarray(exploration.score).tolist(), customdata=tokens.tolist(),
                     marker=dict(color=np.where(picked, SELECTED, OTHER).tolist()))
-        marks.update(x=list(exploration.selected), y=[layers - 0.5] * exploration.count)
+        marks.update(x=[int(r) for r in exploration.selected], y=[layers - 0.5] * exploration.count,
+                     marker=dict(symbol="triangle-down", color=SELECTED, size=7))
         figure.layout.shapes = shapes
         figure.layout.annotations = notes
         figure.layout.title = dict(
             text=f"{view.key}: {view.rows} cached rows, {exploration.count} selected<br>"
-                 f"<sup>ranked by {exploration.score_name}</sup>", y=0.98)
+                 f"<sup>ranked by {exploration.score_name}</sup>", x=0.0, xanchor="left", y=0.99, yanchor="top")
 
 
 def highlighted_rows(figure) -> list[int]:

@@ -100,12 +100,27 @@ def failure_message(name: str, executed: Path, error) -> str:
             f"    {error.ename}: {evalue}\n    executed copy with the full traceback: {executed}")
 
 
+REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>\s*</script>", re.IGNORECASE)
+
+
 def export_html(executed: Path, target: Path) -> Path:
+    """An HTML report that opens with no network: plotly.js is inlined once by the notebooks'
+    renderer; the scripts nbconvert and plotly would fetch from public CDNs (require.js, MathJax 2
+    and 3) are left out, and so is saved widget state, whose renderer would come from a CDN too
+    (every live figure of the lab has a static copy in the report)."""
+    import nbformat
     from nbconvert import HTMLExporter
 
-    body, _ = HTMLExporter().from_filename(str(executed))
-    target.write_text(body, encoding="utf-8")
+    notebook = nbformat.read(str(executed), as_version=4)
+    notebook.metadata.pop("widgets", None)
+    body, _ = HTMLExporter().from_notebook_node(notebook)
+    target.write_text(REMOTE_SCRIPT.sub("", body), encoding="utf-8")
     return target
+
+
+def remote_scripts(page: str) -> list[str]:
+    """The script tags of an HTML page that load code from the network (for checks)."""
+    return re.findall(r"<script\b[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>", page, flags=re.IGNORECASE)
 
 
 @contextlib.contextmanager
@@ -191,6 +206,7 @@ def setup() -> None:
     import plotly.io as pio
 
     pio.renderers.default = "plotly_mimetype+notebook"
+    pd.set_option("display.html.use_mathjax", False)  # "$500 ... $20" in a question is money, not TeX
     pd.set_option("display.precision", 3)
     pd.set_option("display.max_colwidth", 120)
     pd.set_option("display.max_columns", 40)

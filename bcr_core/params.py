@@ -282,6 +282,12 @@ class Params:
         values = self._values | {k: check_value(k, v) for k, v in changes.items()}
         return Params(values, tuple(k for k in values if values[k] != self._values[k]) or self._changed)
 
+    def at_least(self, name: str, minimum: int, why: str) -> Params:
+        """Refuse, before any work, a value too small for the notebook to show anything."""
+        if self._values[name] < minimum:
+            raise ParameterError(f"parameter {name!r} is {self._values[name]}, but {why}: raise {name} to at least {minimum}")
+        return self
+
     def smoke(self, **overrides) -> Params:
         """With `smoke` set: the CI-sized settings (SMOKE, for the names this notebook has, then
         `overrides`); otherwise unchanged. A value the user set explicitly (`bcr notebooks -p`,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import nbformat
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from bcr_core import lab
 from bcr_core import params
 from bcr_core.cli import main
 from bcr_core.layouts import LayoutConfig
-from bcr_core.notebooks import NOTEBOOK_DIR, NotebookError, notebook_paths, run_notebooks
+from bcr_core.notebooks import NOTEBOOK_DIR, NotebookError, export_html, notebook_paths, remote_scripts, run_notebooks
 from bcr_core.params import ParameterError
 from bcr_core.runner import Cell, run_cell
 
@@ -198,6 +200,48 @@ def test_explore_selects_what_the_layout_prescribes(tiny_chat):
     assert lab.row_limit("chunk", 0.2, 100, LayoutConfig(chunk=64)) == (0, 0)  # under two chunks: no repair
 
 
+def test_reports_open_offline(tmp_path):
+    import plotly.graph_objects as go
+    from nbconvert import HTMLExporter
+    from plotly.io._renderers import renderers
+
+    figure = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
+    bundle = renderers["notebook"].to_mimebundle(figure.to_dict())
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("Costs $500 and $20"),
+                                         nbformat.v4.new_code_cell("fig", outputs=[nbformat.v4.new_output(
+                                             "display_data", data=bundle)])])
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2,
+                                                                            "version_minor": 0}}
+    executed = tmp_path / "n.ipynb"
+    nbformat.write(nb, executed)
+    assert remote_scripts(HTMLExporter().from_notebook_node(nb)[0])  # what nbconvert alone would load
+    page = export_html(executed, tmp_path / "n.html").read_text()
+    assert remote_scripts(page) == [] and "unpkg.com" not in page and "Plotly.newPlot" in page
+
+
+def test_explorer_figure_holds_plain_lists_and_keeps_its_highlight_colour(tiny_chat):
+    items = GRID.items()
+    view = lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4,
+                                progress=False).view()
+    figure = lab.attention_figure(view, lab.explore(view, layout_name="single", rho=0.2, skip="off"), widget=True)
+    for rho in (0.1, 0.3):
+        lab.update_figure(figure, view, lab.explore(view, layout_name="single", rho=rho, skip="off"))
+        heat, bars, marks = figure.data
+        assert marks.marker.color == lab.SELECTED and len(marks.x) == round(rho * view.rows)
+        assert not any(isinstance(v, np.ndarray) for v in (heat.z, heat.x, bars.y, bars.customdata, marks.x))
+    assert figure.layout.autosize and figure.layout.width is None
+
+
+def test_readable_tables_and_a_too_small_n_are_caught_up_front():
+    table = lab.readable(pd.DataFrame({"answer": ["one\n\ntwo", None], "n": [1, 2]}))
+    assert table["answer"].tolist()[0] == "one ⏎  ⏎ two" and table["n"].tolist() == [1, 2]
+    with pytest.raises(params.ParameterError, match="parameter 'n' is 2, but .*raise n to at least 3"):
+        params.check(n=2).at_least("n", 3, "the pool needs two items")
+    for name in ("00_quickstart", "09_attention_explorer"):
+        check = [c for c in nbformat.read(notebook_paths([name])[0], as_version=4).cells if c.cell_type == "code"][1]
+        assert 'at_least("n", 3' in check.source
+
+
 # -- every notebook, headless -----------------------------------------------------------------------
 @pytest.mark.notebooks
 @pytest.mark.real_model
@@ -214,3 +258,6 @@ def test_every_notebook_runs_headless_in_smoke_mode(tmp_path):
         assert not [o for o in outputs if o.output_type == "error"]
         assert "checks passed" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)
         assert "Plotly.newPlot" in page.read_text(), f"{name}.html has no figure"
+        assert remote_scripts(page.read_text()) == [], f"{name}.html loads scripts from the network"
+    explorer = "".join(o.get("text", "") for o in nbformat.read(out / "09_attention_explorer.ipynb", as_version=4).cells[-1].outputs)
+    assert "explorer left at the parameters" in explorer
