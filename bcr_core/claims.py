@@ -51,7 +51,14 @@ def load_runs(folder) -> tuple[pd.DataFrame, pd.DataFrame]:
         calls += [c for c in read_records(settings.parent / "calls.jsonl")]
     if not items:
         raise ValueError(f"no run records under {folder}")
-    return pd.DataFrame(items), pd.DataFrame(calls)
+    items = pd.DataFrame(items)
+    twice = items.groupby(["condition", "item_id"])["run"].unique().map(len) > 1
+    if twice.any():
+        condition, item = twice[twice].index[0]
+        raise ValueError(f"{folder} holds {condition} on item {item} in more than one run "
+                         f"({', '.join(items[(items.condition == condition) & (items.item_id == item)]['run'])}): "
+                         "point it at one grid's runs")
+    return items, pd.DataFrame(calls)
 
 
 def compact_call(call: dict) -> dict:

@@ -98,3 +98,6 @@ def test_compact_results_drop_id_lists_and_load_back(tiny_chat, tmp_path):
     assert len(items) == 9 and len(calls) == len(full) and set(items["run"]) == {"cell"}
     table = claims.grid_table(items, calls, list(cell.conditions), reference="kvcomm:gamma=1")
     assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
+    claims.export_compact(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
+    with pytest.raises(ValueError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):
+        claims.load_runs(tmp_path / "results")
