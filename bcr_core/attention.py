@@ -7,7 +7,9 @@ forward runs them in place of its default (`Backbone.attention_implementation(na
   about twice the causal work. Same SDPA math per block, grouped-query heads not copied.
 - `GROUPED_EAGER` (draft): softmax attention that returns its weights, like HF's eager kernel,
   but computes grouped-query heads by reshaping the queries instead of copying the keys and values
-  once per query head.
+  once per query head. It is registered with HF's eager mask builder too, so a decode step through
+  it gets the same causal and sliding-window masks HF builds for its own eager kernel (without one,
+  HF would pass no mask at all, and a sliding-window layer would see every row).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 BLOCKED, GROUPED_EAGER = "bcr_blocked_sdpa", "bcr_grouped_eager"
 QUERY_BLOCK = 64  # rows per query block: one chunk of the chunk layout
@@ -62,3 +65,4 @@ def grouped_eager(module, query, key, value, attention_mask, dropout: float = 0.
 
 AttentionInterface.register(BLOCKED, blocked_sdpa)
 AttentionInterface.register(GROUPED_EAGER, grouped_eager)
+AttentionMaskInterface.register(GROUPED_EAGER, eager_mask)

@@ -6,7 +6,8 @@
   copies (in a copy of the cache) before attending, and a 4-D mask lets row i see the rows at or
   before its position, so a repaired row attending to another repaired row sees the corrected
   value; HF's own forward runs the layers in order, so later layers read the corrections earlier
-  ones made. Attention runs block by block over the visible key prefix (`attention.BLOCKED`).
+  ones made. Attention runs block by block over the visible key prefix (`attention.BLOCKED`). On a
+  sliding-window layer the mask also hides the rows outside the window (`windows`).
   Cost O(selected x total), not a prefill.
 - `draft`: k greedy tokens with an eager kernel that returns weights, giving the attention the k
   queries paid to the cached rows (Algorithm 2). The cache is never modified, so the draft is
@@ -15,7 +16,11 @@
 
 Conventions: a served cache stops one token short of the prompt (the paper's T = |x| - 1), and
 decoding starts by feeding the prompt's final token, so Dense and every reuse method share one
-decode path. Positions are explicit everywhere; row index and position need not agree.
+decode path. Positions are explicit everywhere; row index and position need not agree, except on
+sliding-window models in decoding, where HF windows by row (served caches are contiguous).
+
+Every layer's cache is kept full length, also on sliding-window layers (see `windows`), and each
+layer is re-rotated with its own rotary embedding (`rope.layer_rotations`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from bcr_core.attention import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
 from bcr_core.kv import KV, cache_over
 from bcr_core.models import (CONFIG_PREFIX, check_architecture, config_only, default_device, default_dtype,
                              embedded_model_dir, load_pretrained)
-from bcr_core.rope import rerotate
+from bcr_core.rope import layer_rotations, rerotate_layers
+from bcr_core.windows import mask_argument
 
 
 @dataclass
@@ -62,11 +68,6 @@ def repair_mask(positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return positions[None, :] <= positions[rows][:, None]
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean "may attend" matrix as the additive float mask HF's attention adds to its scores."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-
-
 class RowWriteCache(DynamicCache):
     """The cache of a repair: each layer's fresh keys/values of the selected rows are written over
     their stale copies in `keys`/`values` (L, B, H, T, D), which the layer then attends to."""
@@ -92,6 +93,7 @@ class Backbone:
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config
+        self.rotations = layer_rotations(model)
 
     @classmethod
     def load(cls, model: str | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
@@ -181,7 +183,7 @@ class Backbone:
         positions = kv.positions.to(self.device)
         repaired = kv.clone()
         allowed = repair_mask(positions, rows)
-        mask = additive_mask(allowed, self.dtype)[None, None]
+        mask = mask_argument(self.config, allowed[None], positions[rows][None], positions[None], self.dtype)
         with self.attention_implementation(BLOCKED):
             self.model.base_model(
                 input_ids=ids[rows][None], position_ids=positions[rows][None], attention_mask=mask,
@@ -263,8 +265,10 @@ class Backbone:
 
     # -- positions ------------------------------------------------------------------------
     def rerotate(self, keys: torch.Tensor, delta, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Keys (..., T, D) moved by `delta` positions (a scalar, or one per row), into `out` if given."""
-        return rerotate(keys, delta, self.model.base_model.rotary_emb, out=out)
+        """Keys (L, B, H, T, D) moved by `delta` positions (a scalar, or one per row), into `out` if given.
+        Layer l turns with layer l's rotary embedding; with fewer than all layers stacked (a probe of the
+        first layers), the first ones."""
+        return rerotate_layers(keys, delta, self.rotations[: keys.shape[0]], out=out)
 
     def shift(self, kv: KV, delta: int) -> KV:
         """The span moved `delta` positions later: keys re-rotated, values unchanged."""
@@ -382,7 +386,7 @@ class BatchDecoder:
         """Feed every sequence one token; return (key, Generation) of those that finished."""
         cache = cache_over(self.keys, self.values)
         self.visible = torch.cat([self.visible, self.visible.new_ones(len(self.rows), 1)], dim=1)
-        mask = None if bool(self.visible.all()) else additive_mask(self.visible, self.bb.dtype)[:, None, None]
+        mask = None if bool(self.visible.all()) else self._padding_mask()
         out = self.bb.model(input_ids=self.token[:, None], position_ids=self.position[:, None], attention_mask=mask,
                             cache=cache, use_cache=True, logits_to_keep=1)
         now = time.perf_counter()
@@ -407,6 +411,13 @@ class BatchDecoder:
         if len(keep) < len(self.rows):
             self._keep(keep)
         return finished
+
+    def _padding_mask(self) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The padding hidden from each row's query; on sliding-window layers also the rows past the
+        window. Each row's rows are contiguous and right-aligned, so column distance is position distance."""
+        columns = torch.arange(self.width, device=self.bb.device)
+        query = columns[-1:].expand(len(self.rows), 1)
+        return mask_argument(self.bb.config, self.visible[:, None, :], query, columns, self.bb.dtype)
 
     def _keep(self, keep: list[int]) -> None:
         index = torch.tensor(keep, dtype=torch.long, device=self.bb.device)

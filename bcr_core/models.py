@@ -24,7 +24,8 @@ from bcr_core.assets import SMOLLM2_GGUF, cache_dir, fetch, sha256_of
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+# RoPE decoders whose Hugging Face modules the engine drives unchanged (see `check_architecture`).
+SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"}
 
 
 CONFIG_PREFIX = "config:"
@@ -42,6 +43,27 @@ CONFIG_SHAPES = {
         num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rms_norm_eps=1e-6,
         tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+    "qwen3-8b": dict(
+        model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+    "phi-3-mini": dict(  # Phi-3-mini-4k-instruct: fused qkv and gate-up, every layer a 2047-row sliding window
+        model_type="phi3", hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096, original_max_position_embeddings=4096,
+        rms_norm_eps=1e-5, sliding_window=2047, tie_word_embeddings=False, bos_token_id=1, eos_token_id=32000,
+        pad_token_id=32000, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+    "gemma-3-4b": dict(  # gemma-3-4b's text model: five 1024-row sliding layers (local RoPE) per global one
+        model_type="gemma3_text", hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, vocab_size=262208,
+        max_position_embeddings=131072, rms_norm_eps=1e-6, sliding_window=1024, tie_word_embeddings=True,
+        bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(34)],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
     ),
 }
 
@@ -153,13 +175,20 @@ def config_only(name: str):
 
 
 def check_architecture(config) -> None:
-    """Refuse models the reuse arithmetic does not cover: RoPE decoders of the Llama family only."""
+    """Refuse models the reuse arithmetic does not cover: the RoPE decoders in `SUPPORTED_ARCHITECTURES`,
+    without the options the engine's attention kernels do not implement."""
     kind = getattr(config, "model_type", None)
+    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    if kind == "gemma3":
+        raise ModelError("model type 'gemma3' (the multimodal Gemma 3) is not supported: use its text model, "
+                         f"model type 'gemma3_text' (the config's text_config). Supported: {supported}")
     if kind not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(
-            f"model type {kind!r} is not supported: BCR lab needs a RoPE decoder of the Llama family "
-            f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
-        )
+        raise ModelError(f"model type {kind!r} is not supported: BCR lab needs one of the RoPE decoders {supported}")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ModelError(f"{kind} with attn_logit_softcapping is not supported: the repair and draft attention "
+                         "kernels do not cap logits; set it to null")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelError(f"{kind} with use_bidirectional_attention is an encoder, not a causal decoder: not supported")
 
 
 def load_pretrained(model: str | None, device: str | None = None, dtype: torch.dtype | None = None):

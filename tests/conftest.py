@@ -1,10 +1,11 @@
-"""Shared fixtures: a tiny random-initialised Llama (GQA on) and, for a few tests, the real model."""
+"""Shared fixtures: a tiny random-initialised Llama (GQA on), the same shape in every supported
+family (`tiny_family_config`), and, for a few tests, the real model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig
+from transformers import AutoConfig, LlamaConfig
 
 from bcr_core.backbone import Backbone
 
@@ -29,6 +30,40 @@ def tiny_llama_config(**overrides) -> LlamaConfig:
     )
     settings.update(overrides)
     return LlamaConfig(**settings)
+
+
+SLIDING_WINDOW = 24  # shorter than the 40-row test prompts, so the window changes the answer; long enough that
+# a foreign prefix still reaches the last rows through 3 windowed layers
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"]
+# What each family brings beyond the Llama shape: Mistral and Phi-3 window every layer; Qwen3 and Gemma 3
+# normalise q and k per head before RoPE; Phi-3 fuses qkv and gate-up and rotates half the head dim here;
+# Gemma 3 alternates sliding layers (local RoPE base) and global ones, scales queries by
+# query_pre_attn_scalar and embeddings by sqrt(hidden).
+FAMILY_OVERRIDES = {
+    "llama": {},
+    "mistral": dict(sliding_window=SLIDING_WINDOW),
+    "qwen2": dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1),  # layers 1, 2 windowed
+    "qwen3": dict(),
+    "phi3": dict(sliding_window=SLIDING_WINDOW, pad_token_id=0,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "gemma3_text": dict(
+        sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=24,
+        tie_word_embeddings=False,  # tied, the sqrt(hidden)-scaled embedding dominates and it echoes its input
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
+}
+
+
+def tiny_family_config(family: str, **overrides):
+    """`tiny_llama_config`'s shape (3 layers, GQA, head_dim 16) in another family's Hugging Face config."""
+    settings = tiny_llama_config().to_dict()
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_parameters", "initializer_range",
+            "eos_token_id", "bos_token_id", "pad_token_id")
+    settings = {k: settings[k] for k in keep} | FAMILY_OVERRIDES[family] | overrides
+    return AutoConfig.for_model(family, **settings)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The engine's exactness on a tiny random Llama with grouped-query attention."""
+"""The engine's exactness on tiny random models of every supported family (grouped-query attention;
+sliding windows shorter than the prompts where the family has them)."""
 
 import pytest
 import torch
@@ -7,10 +8,17 @@ from transformers import GPT2Config
 from bcr_core.attention import key_extents
 from bcr_core.backbone import Backbone, repair_mask
 from bcr_core.kv import KV
-from bcr_core.models import ModelError
-from conftest import random_ids
+from bcr_core.models import ModelError, check_architecture
+from bcr_core.windows import layer_windows, mask_argument
+from conftest import FAMILIES, SLIDING_WINDOW, random_ids, tiny_family_config
 
 PREFIX_LEN = 9
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request) -> Backbone:
+    """Overrides conftest's Llama: every test below runs once per family."""
+    return Backbone.from_config(tiny_family_config(request.param), device="cpu", dtype=torch.float32, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +51,35 @@ def test_repairing_every_row_reproduces_the_dense_prefill(tiny, case):
     reference = tiny.generate(dense, last, 24, stop_ids=()).tokens
     assert tiny.generate(repaired, last, 24, stop_ids=()).tokens == reference
     assert tiny.generate(corrupted, last, 24, stop_ids=()).tokens != reference
+
+
+def test_repair_equals_dense_at_every_layer_and_hf_own_forward_agrees(tiny, case):
+    """Full repair against our dense prefill layer by layer, and our prefill + decode against HF's own
+    forward with its default cache (which keeps only the window's rows on sliding layers)."""
+    cached, last, dense, corrupted = case
+    repaired = tiny.repair(corrupted, cached, range(len(cached)))
+    for layer in range(tiny.num_layers):
+        assert (repaired.keys[layer] - dense.keys[layer]).abs().max() < 1e-5, layer
+        assert (repaired.values[layer] - dense.values[layer]).abs().max() < 1e-5, layer
+    tokens = tiny.generate(dense, last, 8, stop_ids=()).tokens
+    with torch.inference_mode():
+        hf = tiny.model(input_ids=torch.tensor([cached + [last] + tokens[:-1]])).logits[0, len(cached):]
+    assert torch.allclose(tiny.forced_logits(dense, last, tokens), hf, atol=1e-4)
+
+
+def test_sliding_windows_shape_the_cache(tiny, case):
+    """Where a family has windows, they are shorter than the prompt and change the layers they apply to."""
+    cached, _, dense, _ = case
+    windows = layer_windows(tiny.config)
+    if all(w is None for w in windows.values()):
+        pytest.skip(f"{tiny.config.model_type} has no sliding-window layers here")
+    assert SLIDING_WINDOW in windows.values() and len(cached) > SLIDING_WINDOW
+    tiny.config.sliding_window = 10**6
+    try:
+        unwindowed = tiny.prefill(cached)
+    finally:
+        tiny.config.sliding_window = SLIDING_WINDOW
+    assert (unwindowed.values[1:] - dense.values[1:]).abs().max() > 1e-3
 
 
 def test_repairing_a_subset_leaves_every_other_row_bit_identical(tiny, case):
@@ -91,6 +128,17 @@ def test_repair_honours_positions_that_are_not_row_indices(tiny):
     broken = dense.replace(torch.tensor([4, 9]), dense.select([0, 1]))  # wrong content and positions
     broken = KV(broken.keys, broken.values, dense.positions)
     assert close(tiny.repair(broken, ids, [4, 9]), dense)
+
+
+def test_mask_argument_is_one_mask_or_one_per_layer_type():
+    positions = torch.arange(6)
+    allowed = repair_mask(positions, torch.tensor([5]))[None]
+    one = mask_argument(tiny_family_config("phi3"), allowed, positions[None, 5:], positions[None], torch.float32)
+    assert torch.is_tensor(one) and one.shape == (1, 1, 1, 6) and bool((one == 0).all())  # window 24 > 6 rows
+    mixed = mask_argument(tiny_family_config("gemma3_text", sliding_window=2), allowed, positions[None, 5:],
+                          positions[None], torch.float32)
+    assert (mixed["full_attention"] == 0).int().tolist() == [[[[1, 1, 1, 1, 1, 1]]]]
+    assert (mixed["sliding_attention"] == 0).int().tolist() == [[[[0, 0, 0, 0, 1, 1]]]]
 
 
 def test_repair_mask_pattern():
@@ -197,8 +245,17 @@ def test_ids_must_match_rows(tiny, case):
 
 
 def test_non_rope_architecture_is_refused():
-    with pytest.raises(ModelError, match="gpt2.*not supported"):
+    with pytest.raises(ModelError, match="gpt2.*not supported.*gemma3_text.*llama.*phi3.*qwen3"):
         Backbone.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2), device="cpu")
+
+
+def test_unsupported_options_of_supported_families_are_refused():
+    from transformers import Gemma3Config
+
+    with pytest.raises(ModelError, match="multimodal.*gemma3_text"):
+        check_architecture(Gemma3Config())
+    with pytest.raises(ModelError, match="softcapping"):
+        check_architecture(tiny_family_config("gemma3_text", attn_logit_softcapping=50.0))
 
 
 @pytest.mark.parametrize("name", ["/no/such/model", "./missing-dir", "not-a-hub-id"])
@@ -213,10 +270,12 @@ def test_batched_generation_equals_one_at_a_time(tiny):
     for i, n in enumerate([5, 17, 40, 33]):
         ids = random_ids(n + 1, seed=10 + i)
         requests.append((tiny.prefill(ids[:-1], positions=torch.arange(7 * i, 7 * i + n)), ids[-1], 6 + 3 * i))
-    stop = tiny.generate(*requests[2], stop_ids=()).tokens[4]  # row 2 stops at its fifth token
+    free = tiny.generate(*requests[2], stop_ids=()).tokens
+    at = next(i for i in range(2, len(free)) if free[i] not in free[:i])  # row 2 stops there, after >= 2 tokens
+    stop = free[at]
     single = [tiny.generate(*r, stop_ids=(stop,)) for r in requests]
     batch = tiny.generate_batch(requests, stop_ids=(stop,))
-    assert single[2].stopped and len(single[2].tokens) == 4
+    assert single[2].stopped and len(single[2].tokens) == at
     for (kv, _, _), s, b in zip(requests, single, batch):
         assert b.tokens == s.tokens and b.stopped == s.stopped
         assert b.cache.get_seq_length() == s.cache.get_seq_length()
@@ -230,6 +289,16 @@ def test_config_only_names_resolve_to_published_shapes_or_fail_clearly(tmp_path)
     llama = config_only("config:llama-3.1-8b")
     assert (llama.num_hidden_layers, llama.num_key_value_heads, llama.head_dim, llama.vocab_size) == (32, 8, 128, 128256)
     assert llama.rope_parameters["rope_type"] == "llama3"
+    qwen3 = config_only("config:qwen3-8b")
+    assert (qwen3.model_type, qwen3.num_hidden_layers, qwen3.num_key_value_heads, qwen3.head_dim) == ("qwen3", 36, 8, 128)
+    phi3 = config_only("config:phi-3-mini")
+    assert (phi3.model_type, phi3.hidden_size, phi3.num_hidden_layers, phi3.sliding_window) == ("phi3", 3072, 32, 2047)
+    gemma = config_only("config:gemma-3-4b")
+    assert (gemma.model_type, gemma.num_hidden_layers, gemma.head_dim, gemma.sliding_window) == ("gemma3_text", 34, 256, 1024)
+    assert gemma.layer_types.count("full_attention") == 5 and gemma.layer_types[5] == "full_attention"
+    assert gemma.rope_parameters["full_attention"]["rope_type"] == "linear"
+    for config in (qwen3, phi3, gemma):
+        check_architecture(config)
     with pytest.raises(ModelError, match="named shape"):
         config_only("config:llama-9000")
     with pytest.raises(ModelError, match="named shape"):

@@ -8,9 +8,11 @@ from scipy.stats import entropy
 
 from bcr_core.anchors import (ENTROPY, NO_ANCHORS, ONE_ANCHOR, REUSE, TOO_SHORT, AnchorPool, Deviation,
                               KVCommConfig, predict, top_p)
+from bcr_core.backbone import Backbone
 from bcr_core.kv import KV
 from bcr_core.pipeline import Pipeline
 from bcr_core.serving import DenseServer, KVCommServer, placeholder_spans, rows
+from conftest import FAMILIES, tiny_family_config
 
 # --- the gate on hand-made caches ------------------------------------------------------------
 
@@ -146,9 +148,23 @@ def test_assembled_cache_is_exact_at_layer_zero_and_predicted_above(tiny_chat):
     assert call.rows_recomputed == 0
 
 
-def test_replaying_a_seen_request_reproduces_token_matched_dense(tiny_chat):
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_chat(request, chat_tokenizer):
+    """`tiny_chat` in each supported family."""
+    if request.param == "llama":
+        return request.getfixturevalue("tiny_chat")
+    config = tiny_family_config(request.param, vocab_size=len(chat_tokenizer), eos_token_id=chat_tokenizer.eos_token_id,
+                                bos_token_id=chat_tokenizer.bos_token_id, pad_token_id=chat_tokenizer.eos_token_id,
+                                initializer_range=0.1)  # at 0.05 some families repeat one output across questions
+    bb = Backbone.from_config(config, device="cpu", dtype=torch.float32, seed=0)
+    bb.tokenizer = chat_tokenizer
+    return bb
+
+
+def test_replaying_a_seen_request_reproduces_token_matched_dense(family_chat):
     """The anchor of an identical segment carries its exact deviation; distances to other
     questions are large, so its softmax weight is ~1 and the prediction is the real cache."""
+    tiny_chat = family_chat
     server = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
     seen = run_all(tiny_chat, server, [QUESTIONS[0], QUESTIONS[1], QUESTIONS[3]])
     for node in range(2):  # precondition: no two requests share an agent output, so no anchor is ambiguous
