@@ -7,8 +7,6 @@ Per item, across runs: the final answers of two conditions on the same item.
 
 from __future__ import annotations
 
-import torch
-
 from bcr_core.backbone import Backbone
 from bcr_core.serving import CallRecord
 

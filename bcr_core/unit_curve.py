@@ -29,7 +29,7 @@ from bcr_core.anchors import KVCommConfig
 from bcr_core.draft_scores import group_scores, row_scores
 from bcr_core.kv import KV
 from bcr_core.layouts import best
-from bcr_core.prompts import QUESTION, Template, render, tokenize
+from bcr_core.prompts import QUESTION, render, tokenize
 from bcr_core.serving import KVCommServer
 
 SYSTEM = "You are a careful reader. Use the document the user gives you."
