@@ -364,9 +364,9 @@ def watch(ray, grid: list[GridCell], todo: list[GridCell], out: Path, poll_s: fl
     say(f"{len(grid) - len(todo)} of {len(grid)} cells already finished; {sum(done.values())}/{total} items")
     if not todo:
         return []
-    task = ray.remote(run_grid_cell).options(max_retries=0, **task_resources(ray))
+    task, resources = ray.remote(run_grid_cell), task_resources(ray)
     stale = {g.name: lock_holder(out / g.name) for g in todo}  # a killed run's lock, until a task takes it
-    pending = {task.options(name=f"bcr-grid:{g.name}").remote(g, str(out)): g for g in todo}
+    pending = {task.options(name=f"bcr-grid:{g.name}", max_retries=0, **resources).remote(g, str(out)): g for g in todo}
     began, started, failed, shown_count = time.monotonic(), {}, [], sum(done.values())
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=poll_s)
