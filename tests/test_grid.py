@@ -88,6 +88,15 @@ def test_a_finished_grid_runs_nothing(in_process, tiny_config):
     assert {p: p.stat().st_mtime_ns for p in in_process.glob("*/*.jsonl")} == before
 
 
+def test_the_grid_files_in_the_readme_read():
+    root = Path(bcr_core.__file__).parent.parent
+    assert [g.name for g in grid.read_grid(root / "grids" / "two_cells.toml")] == ["synthetic_2", "synthetic_3"]
+    paper = grid.read_grid(root / "grids" / "paper.toml")
+    assert len(paper) == 13 and {g.cell.model for g in paper} == {"meta-llama/Llama-3.1-8B-Instruct"}
+    two_cells = (root / "grids" / "two_cells.toml").read_text().split("\n\n", 1)[1]
+    assert two_cells in (root / "README.md").read_text()
+
+
 # ------------------------------------------------------------------ a malformed grid file: one line naming the key
 
 BASE = '[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n'
@@ -133,7 +142,8 @@ def ray_address():
     source = str(Path(bcr_core.__file__).parent.parent)  # workers import the bcr_core under test
     path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}})
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}},
+             _system_config={"num_workers_soft_limit": 4})  # keep this job's idle workers (and their model) warm
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
