@@ -329,9 +329,32 @@ def connect(ray, address: str, quiet: bool) -> None:
     env = {key: os.environ[key] for key in ("OMP_NUM_THREADS",) if key in os.environ}
     options = dict(runtime_env={"env_vars": env} if env else None, log_to_driver=not quiet)
     if address == LOCAL:
-        ray.init(include_dashboard=False, **options)
-    else:
+        start_local(ray, **options)
+        return
+    try:
         ray.init(address=address, **options)
+    except Exception as err:  # ConnectionError, or Ray's own for an address that is not a cluster
+        raise GridError(f"--ray {address}: cannot join the Ray cluster: {one_line(err)}; start it with "
+                        "`ray start --head` (and `ray start --address HEAD:PORT` on the other nodes)") from None
+
+
+def start_local(ray, **options) -> None:
+    """A local Ray instance for this run. Ray gives its node 30 s to register; a machine busy with
+    other work can miss that once, so a failed start is retried once before it is an error."""
+    for attempt in range(2):
+        try:
+            ray.init(include_dashboard=False, **options)
+            return
+        except Exception as err:  # Ray raises a bare Exception for a node that timed out during startup
+            ray.shutdown()
+            if attempt:
+                raise GridError(f"--ray: could not start a local Ray instance: {one_line(err)}; on a busy machine "
+                                "start one beforehand (`ray start --head`) and pass `--ray auto`") from None
+
+
+def one_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def task_resources(ray) -> dict:
@@ -378,8 +401,8 @@ def watch(ray, grid: list[GridCell], todo: list[GridCell], out: Path, poll_s: fl
                 ray.get(ref)
                 say(f"cell {g.name} finished ({time.monotonic() - started.get(g.name, began):.1f} s)")
             except Exception as err:  # a task's error or its worker's death: report, the next run resumes it
-                first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-                say(f"cell {g.name} failed: {first}")
+                last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+                say(f"cell {g.name} failed: {last}")
                 failed.append(g.name)
         for g in pending.values():
             holder = lock_holder(out / g.name)

@@ -141,9 +141,9 @@ def ray_address():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
     source = str(Path(bcr_core.__file__).parent.parent)  # workers import the bcr_core under test
     path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}},
-             _system_config={"num_workers_soft_limit": 4})  # keep this job's idle workers (and their model) warm
+    grid.start_local(ray, num_cpus=2, log_to_driver=False,
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}},
+                     _system_config={"num_workers_soft_limit": 4})  # keep this job's idle workers (and their model) warm
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
