@@ -72,35 +72,30 @@ def cmd_demo(args) -> int:
         return print_table(table, args)
 
 
-def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
-    """Coin conditions without a seed run once per seed in --seeds; everything else once."""
-    if not seeds:
-        return conditions
-    out = []
-    for spec in conditions:
-        if spec.startswith("coin-") and "seed=" not in spec:
-            out += [f"{spec}{',' if ':' in spec else ':'}seed={s}" for s in seeds]
-        else:
-            out.append(spec)
-    return out
-
-
 def cmd_run(args) -> int:
     from bcr_core.conditions import split_conditions
-    from bcr_core.runner import Cell, run_cell, summarize
+    from bcr_core.runner import make_cell, run_cell, summarize
 
-    conditions = split_conditions(args.conditions)
-    if args.seeds and not any(c.startswith("coin-") for c in conditions):
-        raise ValueError("--seeds runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) "
-                         "is listed")
-    conditions = expand_seeds(conditions, split_list(args.seeds, int) if args.seeds else None)
-    extra = {"seed": args.item_seed} if args.benchmark == "synthetic" else {}
-    cell = Cell(args.benchmark, args.agents, tuple(conditions), args.n, args.max_new_tokens, args.pinned,
-                args.model, args.reference, extra, args.fidelity)
+    cell = make_cell(args.benchmark, args.agents, split_conditions(args.conditions), args.n, args.max_new_tokens,
+                     args.pinned, args.model, args.reference, split_list(args.seeds, int) if args.seeds else None,
+                     args.item_seed, args.fidelity)
     items = run_cell(load_backbone(args), cell, args.out, progress=True, batch=args.batch)
     table = summarize(items, reference=args.reference)
     (args.out / "summary.csv").write_text(table.to_csv(index=False))
     return print_table(table, args, digits=3)
+
+
+def cmd_grid(args) -> int:
+    from bcr_core.grid import combined_table, read_grid, run_grid
+
+    grid = read_grid(args.file, model=args.model)
+    failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
+    table = combined_table(grid, args.out)
+    (args.out / "grid.csv").write_text(table.to_csv(index=False))
+    print_table(table, args, digits=3)
+    for name in failed:
+        print(f"bcr grid: cell {name} did not finish; run the same command again to resume it", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_unit_curve(args) -> int:
@@ -163,6 +158,7 @@ def split_list(text: str, kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bcr_core.tasks import BENCHMARKS
     from bcr_core.verify import DEFAULT_PROMPT
 
     parser = argparse.ArgumentParser(prog="bcr", description="BCR lab: cross-context KV-cache reuse and its repair")
@@ -196,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     ttft.set_defaults(run=cmd_ttft)
 
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
-    run.add_argument("--benchmark", required=True, choices=["gsm8k", "mmlu", "humaneval", "synthetic"])
+    run.add_argument("--benchmark", required=True, choices=BENCHMARKS)
     run.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
     run.add_argument("--conditions", required=True,
                      help="comma-separated, e.g. dense,kvcomm,bcr-chunk,coin-chunk@0.2:seed=1 (see bcr_core.conditions)")
@@ -213,6 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also serve every call densely: per-call first-token agreement and teacher-forced KL")
     add_common(run)
     run.set_defaults(run=cmd_run)
+
+    grid = sub.add_parser("grid", help="many cells from a TOML file, in this process or on Ray; one combined table")
+    grid.add_argument("file", type=Path, help="TOML: a [defaults] table of `bcr run` settings, one [cells.NAME] each")
+    grid.add_argument("--out", type=Path, required=True, help="grid folder: each cell in OUT/NAME; rerunning resumes")
+    grid.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                      help="one Ray task per cell: on a local Ray instance started for the run, or on the cluster "
+                           "at ADDRESS ('auto' for the one this node joined)")
+    add_common(grid)
+    grid.set_defaults(run=cmd_grid)
 
     notebooks = sub.add_parser("notebooks", help="execute the notebooks headless: executed copies and HTML reports")
     notebooks.add_argument("--smoke", action="store_true", help="CI-sized runs: few items, short outputs")

@@ -126,6 +126,19 @@ def split_conditions(text: str) -> list[str]:
     return out
 
 
+def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
+    """Coin conditions without a seed run once per seed in `seeds`; everything else once."""
+    if not seeds:
+        return conditions
+    out = []
+    for spec in conditions:
+        if spec.startswith("coin-") and "seed=" not in spec:
+            out += [f"{spec}{',' if ':' in spec else ':'}seed={s}" for s in seeds]
+        else:
+            out.append(spec)
+    return out
+
+
 def make_server(bb, spec: str | Condition):
     condition = parse(spec) if isinstance(spec, str) else spec
     server = REGISTRY[condition.name](bb, condition)

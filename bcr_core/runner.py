@@ -15,13 +15,14 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from bcr_core import tasks
 from bcr_core.batching import Unit, run_lanes
-from bcr_core.conditions import make_server, parse
+from bcr_core.conditions import expand_seeds, make_server, parse
 from bcr_core.pipeline import Pipeline
 from bcr_core.serving import DenseServer, share_segment_caches
 from bcr_core.stats import paired_table
@@ -52,6 +53,19 @@ class Cell:
         object.__setattr__(self, "conditions", tuple(c.label for c in parsed))
         if self.reference is not None and parse(self.reference).settings not in seen:
             raise ValueError(f"--reference {self.reference} is not among the conditions: {', '.join(self.conditions)}")
+
+
+def make_cell(benchmark: str, agents: int, conditions: list[str], n: int, max_new_tokens: int = 512,
+              pinned: str | None = None, model: str = "default", reference: str | None = None,
+              seeds: list[int] | None = None, item_seed: int = 0, fidelity: bool = False) -> Cell:
+    """The cell `bcr run` runs for these settings (each cell of `bcr grid` too): coin conditions
+    without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`."""
+    if seeds and not any(c.startswith("coin-") for c in conditions):
+        raise ValueError("--seeds runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) "
+                         "is listed")
+    extra = {"seed": item_seed} if benchmark == "synthetic" else {}
+    return Cell(benchmark, agents, tuple(expand_seeds(conditions, seeds)), n, max_new_tokens, pinned, model,
+                reference, extra, fidelity)
 
 
 class SharedReference(DenseServer):
@@ -87,21 +101,12 @@ class RunFiles:
         except OSError as err:
             raise ValueError(f"--out {self.out} cannot hold a run: {err.strerror or err}") from None
         self.items_path, self.calls_path = self.out / "items.jsonl", self.out / "calls.jsonl"
-        settings = self.out / "cell.json"
-        wanted = identity(asdict(cell))
-        if settings.exists():
-            found = identity(json.loads(settings.read_text()))
-            if found != json.loads(json.dumps(wanted)):
-                raise ValueError(
-                    f"{self.out} holds a run with other settings ({found}); use another --out or delete it"
-                )
-        elif self.items_path.exists() or self.calls_path.exists():
-            raise ValueError(f"{self.out} holds records but no cell.json, so their settings are unknown; "
-                             "use another --out, or delete the records")
+        check_folder(self.out, cell)
         self.lock = self.out / ".lock"
         self.take_lock()
+        settings = self.out / "cell.json"
         if not settings.exists():
-            settings.write_text(json.dumps(wanted, indent=2))
+            settings.write_text(json.dumps(identity(asdict(cell)), indent=2))
 
     def take_lock(self) -> None:
         for _ in range(2):
@@ -138,6 +143,19 @@ class RunFiles:
     def append(self, item: dict, calls: list[dict]) -> None:
         append_jsonl(self.calls_path, calls)
         append_jsonl(self.items_path, [item])
+
+
+def check_folder(out: Path, cell: Cell) -> None:
+    """Refuse a folder that holds another run's records (a missing folder, or this cell's, is fine)."""
+    out = Path(out)
+    settings = out / "cell.json"
+    if settings.exists():
+        found = identity(json.loads(settings.read_text()))
+        if found != json.loads(json.dumps(identity(asdict(cell)))):
+            raise ValueError(f"{out} holds a run with other settings ({found}); use another --out or delete it")
+    elif (out / "items.jsonl").exists() or (out / "calls.jsonl").exists():
+        raise ValueError(f"{out} holds records but no cell.json, so their settings are unknown; "
+                         "use another --out, or delete the records")
 
 
 def identity(settings: dict) -> dict:
@@ -223,8 +241,10 @@ def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> 
     }
 
 
-def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -> pd.DataFrame:
-    """Run (or resume) a cell; returns the tidy per-item table.
+def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1, label: str | None = None,
+             on_item: Callable[[], None] | None = None) -> pd.DataFrame:
+    """Run (or resume) a cell; returns the tidy per-item table. `label` names its progress bar;
+    `on_item` is called after each item record is written (a grid's overall count).
 
     `batch` > 1 serves up to that many requests at once with their decoding batched
     (`batching.run_lanes`): Dense's items in any order, each stateful condition's items one at a
@@ -250,7 +270,7 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -
                     question = tasks.question_text(cell.benchmark, item)
                     units.append(Unit((condition, index), partial(pipeline.steps, server, item_id, question, reference)))
         bar = tqdm(total=len(items) * len(servers), initial=len(items) * len(servers) - len(units), disable=not progress,
-                   desc=f"{cell.benchmark} x{cell.n_agents}")
+                   desc=label or f"{cell.benchmark} x{cell.n_agents}")
 
         def may_start(unit: Unit, running: list[Unit]) -> bool:
             condition = unit.key[0]
@@ -261,6 +281,8 @@ def run_cell(bb, cell: Cell, out: Path, progress: bool = True, batch: int = 1) -
             record = item_record(cell, condition, index, items[index], request)
             files.append(record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls])
             bar.update(1)
+            if on_item is not None:
+                on_item()
 
         run_lanes(bb, units, batch, may_start, finished)
         bar.close()

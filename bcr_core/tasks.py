@@ -10,6 +10,7 @@ from __future__ import annotations
 from bcr_core import datasets, scorers
 
 LETTERS = "ABCD"
+BENCHMARKS = ("gsm8k", "mmlu", "humaneval", "synthetic")
 
 
 def load_items(benchmark: str, n: int | None = None, **options) -> list[dict]:

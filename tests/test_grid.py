@@ -1,0 +1,196 @@
+"""`bcr grid`: cells from a TOML file, in this process or on Ray, into DIR/NAME as `bcr run` writes them."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import bcr_core
+from bcr_core import cli, grid
+from bcr_core.runner import process_alive, read_jsonl
+from conftest import tiny_llama_config
+
+TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
+GRID = """
+[defaults]
+benchmark = "synthetic"
+model = "config:{config}"
+agents = 2
+n = {n}
+max_new_tokens = {tokens}
+conditions = ["dense", "kvcomm@1"]
+item_seed = 7
+
+[cells.two_agents]
+
+[cells.coin]
+conditions = "dense,coin-single@0.3:gamma=1,seed=3"
+item_seed = 3
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory, chat_tokenizer) -> Path:
+    """conftest's tiny chat model as a config-only model (`config:PATH`) that any process can build."""
+    folder = tmp_path_factory.mktemp("tiny")
+    tok = chat_tokenizer
+    tiny_llama_config(vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+                      pad_token_id=tok.eos_token_id, initializer_range=0.05).save_pretrained(folder)
+    return folder / "config.json"
+
+
+def grid_file(folder: Path, config: Path, n: int = 3, tokens: int = 4) -> Path:
+    path = folder / "grid.toml"
+    path.write_text(GRID.format(config=config, n=n, tokens=tokens))
+    return path
+
+
+def records(folder: Path, name: str, timing: bool = False) -> list[dict]:
+    rows = read_jsonl(folder / name)
+    rows = rows if timing else [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    return sorted(rows, key=lambda r: (r["condition"], r["item_id"], r.get("node", "")))
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory, tiny_config) -> Path:
+    """The two-cell grid run in this process (one torch thread, as in a Ray worker)."""
+    out = tmp_path_factory.mktemp("in_process")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(["grid", str(grid_file(out, tiny_config)), "--out", str(out / "grid")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out / "grid"
+
+
+def test_in_process_grid_writes_each_cell_as_bcr_run_and_one_table(in_process):
+    for name in ("two_agents", "coin"):
+        assert len(read_jsonl(in_process / name / "items.jsonl")) == 6
+        assert (in_process / name / "summary.csv").exists() and (in_process / name / "cell.json").exists()
+    table = grid.pd.read_csv(in_process / "grid.csv")
+    assert list(table[["cell", "condition"]].itertuples(index=False, name=None)) == [
+        ("two_agents", "dense"), ("two_agents", "kvcomm@1"), ("coin", "dense"), ("coin", "coin-single@0.3:gamma=1,seed=3")]
+    columns = list(table.columns)
+    assert columns[:2] == ["cell", "finished"] and table["finished"].all()
+    assert columns.index("only_reference_right") < columns.index("only_condition_right") < columns.index("p_exact")
+
+
+def test_a_finished_grid_runs_nothing(in_process, tiny_config):
+    before = {p: p.stat().st_mtime_ns for p in in_process.glob("*/*.jsonl")}
+    cells = grid.read_grid(in_process.parent / "grid.toml")
+    assert grid.run_grid(cells, in_process) == []
+    assert {p: p.stat().st_mtime_ns for p in in_process.glob("*/*.jsonl")} == before
+
+
+def test_the_grid_files_in_the_readme_read():
+    root = Path(bcr_core.__file__).parent.parent
+    assert [g.name for g in grid.read_grid(root / "grids" / "two_cells.toml")] == ["synthetic_2", "synthetic_3"]
+    paper = grid.read_grid(root / "grids" / "paper.toml")
+    assert len(paper) == 13 and {g.cell.model for g in paper} == {"meta-llama/Llama-3.1-8B-Instruct"}
+    two_cells = (root / "grids" / "two_cells.toml").read_text().split("\n\n", 1)[1]
+    assert two_cells in (root / "README.md").read_text()
+
+
+# ------------------------------------------------------------------ a malformed grid file: one line naming the key
+
+BASE = '[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n'
+
+
+@pytest.mark.parametrize("text, message", [
+    (BASE + '[cells.gsm8k_3]\nagents = "three"\n', 'cells.gsm8k_3.agents: expected an integer, got "three"'),
+    (BASE + '[cells.a]\nagent = 3\n', "cells.a.agent: unknown setting"),
+    (BASE + '[cells.a]\nn = true\n', "cells.a.n: expected an integer, got true"),
+    (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "cells.a.conditions: unknown condition 'kvcom'"),
+    (BASE + '[cells.a]\nconditions = "bcr-chunk:chunk=x"\n', "cells.a.conditions: condition 'bcr-chunk:chunk=x'"),
+    (BASE.replace('conditions = ["dense"]\n', "") + "[cells.a]\n", "cells.a.conditions: missing"),
+    (BASE + "[cells.a]\n[cells.a]\n", "cells.a: declared twice"),
+    (BASE + '[cells.a]\nreference = "kvcomm"\n', "cells.a.reference: reference kvcomm is not among"),
+    (BASE + "[cells.a]\nagents = 9\n", "cells.a.agents: agent count must be between"),
+    (BASE + "[cells.a]\nseeds = [1, 2]\n", "cells.a.seeds: seeds run coin conditions"),
+    (BASE.replace('"synthetic"', '"gsm9k"') + "[cells.a]\n", "defaults.benchmark: unknown benchmark"),
+    (BASE + '[cells."a/b"]\n', "cells.a/b: a cell name is its folder's name"),
+    (BASE, "cells: no cells"),
+    (BASE + "[cell.a]\n", "cell: unknown key"),
+    (BASE + "[cells.a\n", "not valid TOML"),
+])
+def test_a_malformed_grid_file_is_one_line_naming_the_key(tmp_path, capsys, text, message):
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    assert cli.main(["grid", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bcr grid: error: {path}: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()  # checked before any work
+
+
+def test_ray_missing_says_how_to_install_it(tmp_path, monkeypatch, capsys, tiny_config):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert cli.main(["grid", str(grid_file(tmp_path, tiny_config)), "--out", str(tmp_path / "out"), "--ray"]) == 2
+    assert 'pip install -e ".[cluster]"' in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ on Ray (a local instance with 2 CPUs)
+
+@pytest.fixture(scope="module")
+def ray_address():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
+    source = str(Path(bcr_core.__file__).parent.parent)  # workers import the bcr_core under test
+    path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
+    grid.start_local(ray, num_cpus=2, log_to_driver=False,
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}},
+                     _system_config={"num_workers_soft_limit": 4})  # keep this job's idle workers (and their model) warm
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def test_ray_grid_gives_the_records_of_the_in_process_grid(in_process, ray_address, tmp_path, tiny_config):
+    cells = grid.read_grid(grid_file(tmp_path, tiny_config))
+    assert grid.run_grid(cells, tmp_path / "grid", ray=ray_address) == []
+    for name in ("two_agents", "coin"):
+        for kind in ("items.jsonl", "calls.jsonl"):
+            assert records(tmp_path / "grid" / name, kind) == records(in_process / name, kind)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "grid").glob("*/*.jsonl")}
+    assert grid.run_grid(cells, tmp_path / "grid", ray=ray_address) == []  # finished cells are not resubmitted
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "grid").glob("*/*.jsonl")} == before
+    table = grid.combined_table(cells, tmp_path / "grid")
+    expected = grid.pd.read_csv(in_process / "grid.csv")
+    assert (table[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
+            == expected[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values).all()
+
+
+def test_a_killed_ray_grid_is_finished_by_the_next_run(ray_address, tmp_path, tiny_config):
+    """SIGKILL the driver's process group mid-grid; the rerun does only the items that were missing."""
+    path = grid_file(tmp_path, tiny_config, n=8, tokens=6)
+    out = tmp_path / "grid"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(bcr_core.__file__).parent.parent)}
+    driver = subprocess.Popen([sys.executable, "-m", "bcr_core", "grid", str(path), "--out", str(out),
+                               "--ray", ray_address], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cells = grid.read_grid(path)
+    deadline = time.monotonic() + 90
+    while sum(grid.count_lines(out / g.name / "items.jsonl") for g in cells) < 3:
+        assert driver.poll() is None and time.monotonic() < deadline, "the Ray grid wrote no items"
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 30  # the dead driver's tasks are ended by Ray
+    while any(holder and process_alive(int(holder)) for holder in (grid.lock_holder(out / g.name) for g in cells)):
+        assert time.monotonic() < deadline, "the killed grid's tasks kept running"
+        time.sleep(0.2)
+    written = {g.name: records(out / g.name, "items.jsonl", timing=True) for g in cells}
+    assert 0 < sum(map(len, written.values())) < 32  # killed mid-grid
+
+    assert grid.run_grid(cells, out, ray=ray_address) == []
+    for g in cells:
+        items = records(out / g.name, "items.jsonl", timing=True)
+        assert len(items) == 16 and len({(r["condition"], r["item_id"]) for r in items}) == 16
+        assert all(r in items for r in written[g.name])  # finished items were not redone (their times too)
+        calls = read_jsonl(out / g.name / "calls.jsonl")
+        assert len(calls) == 16 * 3 and len({(c["condition"], c["item_id"], c["node"]) for c in calls}) == 48
