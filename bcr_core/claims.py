@@ -147,7 +147,7 @@ def binary_verdict(claim: str, paper: str, test: str, better, worse, alpha: floa
         verdict = "holds" if a_only > b_only else "does not hold"
     else:
         verdict = "undecided"
-    return Verdict(claim, paper, test, verdict, f"{a_only}/{b_only} (claimed side / other side right alone)", p, n,
+    return Verdict(claim, paper, test, verdict, f"{a_only}/{b_only} (only the claimed side / only the other side)", p, n,
                    items_needed(a_only, b_only, n) if verdict == "undecided" else None)
 
 
@@ -266,7 +266,8 @@ def exactness_verdict(report: dict | None) -> Verdict:
     same = bool(report["full_repair_token_identical"])
     return Verdict(claim, paper, f"greedy tokens at rho = 1 over {report['tokens_compared']} tokens",
                    "holds" if same else "does not hold",
-                   f"token-identical: {same}; max |repaired - dense| {report.get('repair_max_abs_err', float('nan')):.2e}")
+                   f"token-identical: {same}; largest repaired-vs-dense difference "
+                   f"{report.get('repair_max_abs_err', float('nan')):.2e}")
 
 
 def verdicts(items: pd.DataFrame, calls: pd.DataFrame, bcr: str, kvcomm: str = "kvcomm", dense: str = "dense",
