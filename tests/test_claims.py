@@ -101,3 +101,25 @@ def test_compact_results_drop_id_lists_and_load_back(tiny_chat, tmp_path):
     claims.export_compact(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
     with pytest.raises(ValueError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):
         claims.load_runs(tmp_path / "results")
+
+
+def test_the_committed_results_give_the_committed_verdicts():
+    """results/claims holds compact records that notebook 10 reads by default; the verdicts the README
+    shows must be what the code computes from them (a change to either is caught here)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "results" / "claims"
+    data = claims.load_claims(root)
+    grid = claims.ClaimsGrid()
+    table = claims.grid_table(data["items"], data["calls"], grid.main())
+    assert len(table) == len(grid.main()) and table["n"].nunique() == 1 and table["n"].iloc[0] >= 60
+    predicted = table[table["condition"].str.contains("rank=predicted")]
+    assert (predicted["rows_wasted_per_call"] == 0).all() and (predicted["rows_per_call"] > 0).all()
+    fresh = claims.verdicts(data["items"], data["calls"], grid.bcr, cacheblend=grid.cacheblend,
+                            gate_settings=grid.gate(), curve=data["curve"], verify=data["verify"])
+    committed = pd.read_csv(root / "verdicts.csv")
+    assert fresh["claim"].tolist() == committed["claim"].tolist()
+    assert fresh["verdict"].tolist() == committed["verdict"].tolist()
+    readme = (root.parent.parent / "README.md").read_text()
+    for row in committed.itertuples():
+        assert f"| {row.claim} | **{row.verdict}** |" in readme
