@@ -39,7 +39,7 @@ class Option:
                 raise ValueError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
             return raw
         try:
-            return self.kind(raw) if self.kind is float else int(raw)
+            return self.kind(raw)
         except ValueError:
             raise ValueError(f"option {key}={raw}: expected {'an integer' if self.kind is int else 'a number'}") from None
 
@@ -81,8 +81,8 @@ class Condition:
         options = {key: self.option(key) for key in OPTIONS[self.name]}
         value = value_of(self)
         if self.name == "kvcomm":  # its value is the gate; a gamma option overrides it
-            value = options.pop("gamma", value) if "gamma" in self.options else value
-            options.pop("gamma", None)
+            gamma = options.pop("gamma")
+            value = gamma if "gamma" in self.options else value
         return self.name, value, tuple(sorted(options.items()))
 
 
