@@ -26,4 +26,6 @@ demo: setup
 	@echo "Open reports/00_quickstart.html in a browser; \`$(VENV)/bin/jupyter lab notebooks/\` for the interactive lab."
 
 test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q

@@ -11,13 +11,24 @@ import json
 import sys
 from pathlib import Path
 
-from bcr_core.assets import AssetError
-from bcr_core.models import DEFAULT_MODEL, ModelError
+from bcr_core import paper
+from bcr_core.engine.assets import AssetError
+from bcr_core.engine.models import DEFAULT_MODEL, ModelError
+
+
+def load_backbone(model: str):
+    """Imported when a command needs the model, so `bcr --help` does not wait for torch."""
+    from bcr_core.engine.loading import load_backbone
+
+    return load_backbone(model)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="'default' (embedded SmolLM2-135M-Instruct), a local HF directory, or a hub id")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="'default' (embedded SmolLM2-135M-Instruct), a local HF directory, or a hub id",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
 
@@ -34,28 +45,24 @@ def print_table(table, args, digits: int | None = None) -> int:
     return 0
 
 
-def load_backbone(args):
-    from bcr_core.allocator import keep_freed_memory
-    from bcr_core.backbone import Backbone
-
-    keep_freed_memory()
-    return Backbone.load(args.model)
-
-
 def cmd_verify(args) -> int:
-    from bcr_core.verify import verify
+    from bcr_core.experiments.verify import verify
 
-    report = verify(load_backbone(args), prompt=args.prompt)
+    report = verify(load_backbone(args.model), prompt=args.prompt)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(f"model: {report.model}")
-        print(f"full repair (rho = 1) token-identical to Dense over {report.tokens_compared} tokens: "
-              f"{report.full_repair_token_identical}")
+        print(
+            f"full repair (rho = 1) token-identical to Dense over {report.tokens_compared} tokens: "
+            f"{report.full_repair_token_identical}"
+        )
         print(f"  unrepaired (foreign-prefix) cache identical to Dense: {report.unrepaired_token_identical}")
         print(f"  max |repaired - dense| over all layers: {report.repair_max_abs_err:.2e}")
-        print(f"re-rotation max abs error: {report.rerotation_max_abs_err:.2e} "
-              f"(tolerance {report.rerotation_tolerance:.0e})")
+        print(
+            f"re-rotation max abs error: {report.rerotation_max_abs_err:.2e} "
+            f"(tolerance {report.rerotation_tolerance:.0e})"
+        )
         print("PASS" if report.passed else "FAIL")
     return 0 if report.passed else 1
 
@@ -63,30 +70,41 @@ def cmd_verify(args) -> int:
 def cmd_demo(args) -> int:
     import pandas as pd
 
-    from bcr_core.demo import demo
+    from bcr_core.experiments.demo import demo
 
     if args.new_tokens < 1:
         raise ValueError(f"--new-tokens must be at least 1, got {args.new_tokens}")
-    table = demo(load_backbone(args), prompt=args.prompt, new_tokens=args.new_tokens)
+    table = demo(load_backbone(args.model), prompt=args.prompt, new_tokens=args.new_tokens)
     with pd.option_context("display.max_colwidth", 70):
         return print_table(table, args)
 
 
 def cmd_run(args) -> int:
-    from bcr_core.conditions import split_conditions
-    from bcr_core.runner import make_cell, run_cell, summarize
+    from bcr_core.experiments.conditions import split_conditions
+    from bcr_core.experiments.runner import make_cell, run_cell
+    from bcr_core.experiments.summary import summarize
 
-    cell = make_cell(args.benchmark, args.agents, split_conditions(args.conditions), args.n, args.max_new_tokens,
-                     args.pinned, args.model, args.reference, split_list(args.seeds, int) if args.seeds else None,
-                     args.item_seed, args.fidelity)
-    items = run_cell(load_backbone(args), cell, args.out, progress=True, batch=args.batch)
+    cell = make_cell(
+        args.benchmark,
+        args.agents,
+        split_conditions(args.conditions),
+        args.n,
+        args.max_new_tokens,
+        args.pinned,
+        args.model,
+        args.reference,
+        split_list(args.seeds, int) if args.seeds else None,
+        args.item_seed,
+        args.fidelity,
+    )
+    items = run_cell(load_backbone(args.model), cell, args.out, progress=True, batch=args.batch)
     table = summarize(items, reference=args.reference)
     (args.out / "summary.csv").write_text(table.to_csv(index=False))
     return print_table(table, args, digits=3)
 
 
 def cmd_grid(args) -> int:
-    from bcr_core.grid import combined_table, read_grid, run_grid
+    from bcr_core.experiments.grid import combined_table, read_grid, run_grid
 
     grid = read_grid(args.file, model=args.model)
     failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
@@ -99,29 +117,42 @@ def cmd_grid(args) -> int:
 
 
 def cmd_unit_curve(args) -> int:
-    from bcr_core.unit_curve import UnitCurveConfig, default_texts, read_prompts, summarize_curve, unit_curve
+    from bcr_core.experiments.unit_curve import (
+        UnitCurveConfig,
+        default_texts,
+        read_prompts,
+        summarize_curve,
+        unit_curve,
+    )
 
     if args.seeds < 1:
         raise ValueError(f"--seeds is how many random selections to compare with, at least 1; got {args.seeds}")
-    config = UnitCurveConfig(args.segment_tokens, args.budget, tuple(split_list(args.units, int)),
-                             tuple(args.seed + i for i in range(args.seeds)))
+    config = UnitCurveConfig(
+        args.segment_tokens,
+        args.budget,
+        tuple(split_list(args.units, int)),
+        tuple(args.seed + i for i in range(args.seeds)),
+    )
     texts = read_prompts(args.prompts) if args.prompts else default_texts()
-    table = summarize_curve(unit_curve(load_backbone(args), texts, config, progress=True))  # tqdm writes to stderr
+    table = summarize_curve(
+        unit_curve(load_backbone(args.model), texts, config, progress=True)
+    )  # tqdm writes to stderr
     return print_table(table, args, digits=4)
 
 
 def cmd_ttft(args) -> int:
-    from bcr_core.latency import check_settings, ttft_table
+    from bcr_core.experiments.latency import check_settings, ttft_table
 
     lengths = split_list(args.lengths, int)
     check_settings(lengths, args.samples)
-    table = ttft_table(load_backbone(args), lengths, split_list(args.rho, float), args.samples,
-                       progress=True)  # tqdm writes to stderr, so --json stdout stays one document
+    table = ttft_table(
+        load_backbone(args.model), lengths, split_list(args.rho, float), args.samples, progress=True
+    )  # tqdm writes to stderr, so --json stdout stays one document
     return print_table(table, args, digits=2)
 
 
 def cmd_notebooks(args) -> int:
-    from bcr_core.notebooks import NotebookError, run_notebooks
+    from bcr_core.lab.notebooks import NotebookError, run_notebooks
 
     parameters = {}
     for pair in args.parameter:
@@ -135,8 +166,9 @@ def cmd_notebooks(args) -> int:
     if args.model != DEFAULT_MODEL:
         parameters["model"] = args.model
     try:
-        results = run_notebooks(args.out, smoke=args.smoke, only=split_list(args.only, str) if args.only else None,
-                                parameters=parameters)
+        results = run_notebooks(
+            args.out, smoke=args.smoke, only=split_list(args.only, str) if args.only else None, parameters=parameters
+        )
     except NotebookError as err:
         print(f"bcr notebooks: error: {err}", file=sys.stderr)
         return 2
@@ -158,8 +190,8 @@ def split_list(text: str, kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bcr_core.tasks import BENCHMARKS
-    from bcr_core.verify import DEFAULT_PROMPT
+    from bcr_core.data.benchmarks import NAMES as BENCHMARKS
+    from bcr_core.experiments.verify import DEFAULT_PROMPT
 
     parser = argparse.ArgumentParser(prog="bcr", description="BCR lab: cross-context KV-cache reuse and its repair")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=cmd_demo)
     curve = sub.add_parser("unit-curve", help="Table 8: informed vs random restoration by unit of choice")
     curve.add_argument("--segment-tokens", type=int, default=2048)
-    curve.add_argument("--budget", type=float, default=0.2)
+    curve.add_argument("--budget", type=float, default=paper.RHO)
     curve.add_argument("--units", default="1,16,64,256,1024")
     curve.add_argument("--prompts", type=Path, default=None, help="JSONL, one object per line with a 'text' field")
     curve.add_argument("--seed", type=int, default=0, help="first seed of the random selections")
@@ -194,8 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
     run.add_argument("--benchmark", required=True, choices=BENCHMARKS)
     run.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    run.add_argument("--conditions", required=True,
-                     help="comma-separated, e.g. dense,kvcomm,bcr-chunk,coin-chunk@0.2:seed=1 (see bcr_core.conditions)")
+    run.add_argument(
+        "--conditions",
+        required=True,
+        help="comma-separated, e.g. dense,kvcomm,bcr-chunk,coin-chunk@0.2:seed=1 (see bcr_core.experiments.conditions)",
+    )
     run.add_argument("--n", type=int, required=True, help="number of items (the first n, same for every condition)")
     run.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
     run.add_argument("--pinned", default=None, help="give every agent this role instead of cycling roles")
@@ -203,19 +238,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=512)
     run.add_argument("--reference", default=None, help="condition the b/c splits are taken against (default kvcomm)")
     run.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
-    run.add_argument("--batch", type=int, default=1,
-                     help="requests served at once with batched decoding (same tokens; call times then include waiting)")
-    run.add_argument("--fidelity", action="store_true",
-                     help="also serve every call densely: per-call first-token agreement and teacher-forced KL")
+    run.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="requests served at once with batched decoding (same tokens; call times then include waiting)",
+    )
+    run.add_argument(
+        "--fidelity",
+        action="store_true",
+        help="also serve every call densely: per-call first-token agreement and teacher-forced KL",
+    )
     add_common(run)
     run.set_defaults(run=cmd_run)
 
     grid = sub.add_parser("grid", help="many cells from a TOML file, in this process or on Ray; one combined table")
     grid.add_argument("file", type=Path, help="TOML: a [defaults] table of `bcr run` settings, one [cells.NAME] each")
     grid.add_argument("--out", type=Path, required=True, help="grid folder: each cell in OUT/NAME; rerunning resumes")
-    grid.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                      help="one Ray task per cell: on a local Ray instance started for the run, or on the cluster "
-                           "at ADDRESS ('auto' for the one this node joined)")
+    grid.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="one Ray task per cell: on a local Ray instance started for the run, or on the cluster "
+        "at ADDRESS ('auto' for the one this node joined)",
+    )
     add_common(grid)
     grid.set_defaults(run=cmd_grid)
 
@@ -223,8 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks.add_argument("--smoke", action="store_true", help="CI-sized runs: few items, short outputs")
     notebooks.add_argument("--out", type=Path, default=Path("reports"), help="folder for executed copies and HTML")
     notebooks.add_argument("--only", default=None, help="comma-separated notebook names or prefixes, e.g. 00,09")
-    notebooks.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
-                           help="set a notebook parameter (VALUE read as JSON, else as a string); repeatable")
+    notebooks.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a notebook parameter (VALUE read as JSON, else as a string); repeatable",
+    )
     add_common(notebooks)
     notebooks.set_defaults(run=cmd_notebooks)
     return parser

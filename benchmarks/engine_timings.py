@@ -4,8 +4,8 @@
 
 Reports model load time, dense prefill time per length, the time to repair a fraction rho of the
 rows of a cache of that length (rows spread over the whole span, so each attends to most of the
-cache; the cost does not depend on how wrong the rows are), and repair / prefill as a ratio. Medians over repeats; the first call of each
-kind is a warm-up and is not counted.
+cache; the cost does not depend on how wrong the rows are), and repair / prefill as a ratio.
+Medians over repeats; the first call of each kind is a warm-up and is not counted.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from bcr_core.allocator import keep_freed_memory
-from bcr_core.backbone import Backbone
+from bcr_core.engine.backbone import Backbone
+from bcr_core.engine.memory import keep_freed_memory
 
 
 def timed(fn, repeats: int) -> float:
@@ -47,10 +47,12 @@ def main() -> None:
         ids = torch.randint(100, 40000, (length,), generator=generator).tolist()
         cache = bb.prefill(ids)  # repair cost does not depend on how wrong the rows are
         rows = torch.randperm(length, generator=generator)[: round(args.rho * length)].sort().values
-        prefill_s = timed(lambda: bb.prefill(ids), args.repeats)
-        repair_s = timed(lambda: bb.repair(cache, ids, rows), args.repeats)
-        print(f"{length:5d} tokens: prefill {prefill_s:.3f} s, repair of {len(rows)} rows ({args.rho:.0%}) "
-              f"{repair_s:.3f} s, repair / prefill = {repair_s / prefill_s:.3f}")
+        prefill_s = timed(lambda ids=ids: bb.prefill(ids), args.repeats)
+        repair_s = timed(lambda cache=cache, ids=ids, rows=rows: bb.repair(cache, ids, rows), args.repeats)
+        print(
+            f"{length:5d} tokens: prefill {prefill_s:.3f} s, repair of {len(rows)} rows ({args.rho:.0%}) "
+            f"{repair_s:.3f} s, repair / prefill = {repair_s / prefill_s:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -22,15 +22,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.allocator import keep_freed_memory
-from bcr_core.backbone import Backbone
-from bcr_core.runner import Cell, read_jsonl, run_cell
+from bcr_core.engine.backbone import Backbone
+from bcr_core.engine.memory import keep_freed_memory
+from bcr_core.experiments.runner import Cell, read_jsonl, run_cell
 
 COMPARED = ("output_tokens", "mode", "reason", "decisions", "repaired_rows")
 
 
 def call_outputs(folder: Path) -> dict:
-    return {(c["condition"], c["item_id"], c["node"]): [c[k] for k in COMPARED] for c in read_jsonl(folder / "calls.jsonl")}
+    return {
+        (c["condition"], c["item_id"], c["node"]): [c[k] for k in COMPARED] for c in read_jsonl(folder / "calls.jsonl")
+    }
 
 
 def assembly_costs(folder: Path, condition: str = "kvcomm") -> dict:
@@ -42,9 +44,13 @@ def assembly_costs(folder: Path, condition: str = "kvcomm") -> dict:
     if reuse.empty or dense.empty:
         return {}
     share = reuse["assembly_s"].to_numpy() / dense.loc[list(zip(reuse["item_id"], reuse["node"]))].to_numpy()
-    return {"reuse_calls": len(reuse), "assembly_ms_median": 1000 * reuse["assembly_s"].median(),
-            "assembly_ms_p90": 1000 * reuse["assembly_s"].quantile(0.9),
-            "share_of_dense_ttft_median": float(pd.Series(share).median()), "share_of_dense_ttft_max": float(share.max())}
+    return {
+        "reuse_calls": len(reuse),
+        "assembly_ms_median": 1000 * reuse["assembly_s"].median(),
+        "assembly_ms_p90": 1000 * reuse["assembly_s"].quantile(0.9),
+        "share_of_dense_ttft_median": float(pd.Series(share).median()),
+        "share_of_dense_ttft_max": float(share.max()),
+    }
 
 
 def main() -> None:
@@ -76,24 +82,48 @@ def main() -> None:
             if reference is None:
                 reference, assembly = outputs, assembly_costs(folder)
             differing = sorted(k for k in reference if outputs.get(k) != reference[k])
-            rows.append({"batch": batch, "seconds": seconds, "items_per_hour": 3600 * args.n / seconds,
-                         "calls": len(outputs), "calls_differing_from_batch_1": len(differing),
-                         "first_differing": " ".join(map(str, differing[0])) if differing else ""})
+            rows.append(
+                {
+                    "batch": batch,
+                    "seconds": seconds,
+                    "items_per_hour": 3600 * args.n / seconds,
+                    "calls": len(outputs),
+                    "calls_differing_from_batch_1": len(differing),
+                    "first_differing": " ".join(map(str, differing[0])) if differing else "",
+                }
+            )
     table = pd.DataFrame(rows)
     table["speedup_vs_batch_1"] = table["items_per_hour"] / table["items_per_hour"].iloc[0]
     if args.json:
-        print(json.dumps({"cell": {"benchmark": cell.benchmark, "agents": cell.n_agents, "n": cell.n,
-                                   "conditions": list(cell.conditions), "max_new_tokens": cell.max_new_tokens},
-                          "rows": table.to_dict(orient="records"), "kvcomm_assembly": assembly}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "cell": {
+                        "benchmark": cell.benchmark,
+                        "agents": cell.n_agents,
+                        "n": cell.n,
+                        "conditions": list(cell.conditions),
+                        "max_new_tokens": cell.max_new_tokens,
+                    },
+                    "rows": table.to_dict(orient="records"),
+                    "kvcomm_assembly": assembly,
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"{cell.benchmark} x{cell.n_agents} agents, {cell.n} items, conditions {', '.join(cell.conditions)}, "
-              f"{cell.max_new_tokens} new tokens per call")
+        print(
+            f"{cell.benchmark} x{cell.n_agents} agents, {cell.n} items, conditions {', '.join(cell.conditions)}, "
+            f"{cell.max_new_tokens} new tokens per call"
+        )
         print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
         if assembly:
-            print(f"kvcomm, {assembly['reuse_calls']} reuse calls at batch 1: anchor matching + assembly "
-                  f"{assembly['assembly_ms_median']:.1f} ms median, {assembly['assembly_ms_p90']:.1f} ms p90; "
-                  f"share of the Dense call's TTFT on the same prompt {assembly['share_of_dense_ttft_median']:.1%} "
-                  f"median, {assembly['share_of_dense_ttft_max']:.1%} max")
+            print(
+                f"kvcomm, {assembly['reuse_calls']} reuse calls at batch 1: anchor matching + assembly "
+                f"{assembly['assembly_ms_median']:.1f} ms median, {assembly['assembly_ms_p90']:.1f} ms p90; "
+                f"share of the Dense call's TTFT on the same prompt {assembly['share_of_dense_ttft_median']:.1%} "
+                f"median, {assembly['share_of_dense_ttft_max']:.1%} max"
+            )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig
 
-from bcr_core.backbone import Backbone
+from bcr_core.engine.backbone import Backbone
 
 torch.set_num_threads(2)
 
@@ -44,14 +44,20 @@ FAMILY_OVERRIDES = {
     "mistral": dict(sliding_window=SLIDING_WINDOW),
     "qwen2": dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1),  # layers 1, 2 windowed
     "qwen3": dict(),
-    "phi3": dict(sliding_window=SLIDING_WINDOW, pad_token_id=0,
-                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "phi3": dict(
+        sliding_window=SLIDING_WINDOW,
+        pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
     "gemma3_text": dict(
-        sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=24,
+        sliding_window=SLIDING_WINDOW,
+        query_pre_attn_scalar=24,
         tie_word_embeddings=False,  # tied, the sqrt(hidden)-scaled embedding dominates and it echoes its input
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
     ),
 }
 
@@ -59,9 +65,21 @@ FAMILY_OVERRIDES = {
 def tiny_family_config(family: str, **overrides):
     """`tiny_llama_config`'s shape (3 layers, GQA, head_dim 16) in another family's Hugging Face config."""
     settings = tiny_llama_config().to_dict()
-    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_parameters", "initializer_range",
-            "eos_token_id", "bos_token_id", "pad_token_id")
+    keep = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rope_parameters",
+        "initializer_range",
+        "eos_token_id",
+        "bos_token_id",
+        "pad_token_id",
+    )
     settings = {k: settings[k] for k in keep} | FAMILY_OVERRIDES[family] | overrides
     return AutoConfig.for_model(family, **settings)
 
@@ -86,7 +104,7 @@ def chat_tokenizer():
     """The embedded model's tokenizer (ChatML template), fetched with the model asset."""
     from transformers import AutoTokenizer
 
-    from bcr_core.models import embedded_model_dir
+    from bcr_core.engine.models import embedded_model_dir
 
     return AutoTokenizer.from_pretrained(embedded_model_dir())
 

@@ -3,14 +3,15 @@ sliding windows shorter than the prompts where the family has them)."""
 
 import pytest
 import torch
+from conftest import FAMILIES, SLIDING_WINDOW, random_ids, tiny_family_config
 from transformers import GPT2Config
 
-from bcr_core.attention import key_extents
-from bcr_core.backbone import Backbone, repair_mask
-from bcr_core.kv import KV
-from bcr_core.models import ModelError, check_architecture
-from bcr_core.windows import layer_windows, mask_argument
-from conftest import FAMILIES, SLIDING_WINDOW, random_ids, tiny_family_config
+from bcr_core.engine.backbone import Backbone, repair_mask
+from bcr_core.engine.batching import generate_batch
+from bcr_core.engine.kernels import key_extents
+from bcr_core.engine.kv import KV
+from bcr_core.engine.models import ModelError, check_architecture
+from bcr_core.engine.windows import layer_windows, mask_argument
 
 PREFIX_LEN = 9
 
@@ -63,7 +64,7 @@ def test_repair_equals_dense_at_every_layer_and_hf_own_forward_agrees(tiny, case
         assert (repaired.values[layer] - dense.values[layer]).abs().max() < 1e-5, layer
     tokens = tiny.generate(dense, last, 8, stop_ids=()).tokens
     with torch.inference_mode():
-        hf = tiny.model(input_ids=torch.tensor([cached + [last] + tokens[:-1]])).logits[0, len(cached):]
+        hf = tiny.model(input_ids=torch.tensor([cached + [last] + tokens[:-1]])).logits[0, len(cached) :]
     assert torch.allclose(tiny.forced_logits(dense, last, tokens), hf, atol=1e-4)
 
 
@@ -135,8 +136,13 @@ def test_mask_argument_is_one_mask_or_one_per_layer_type():
     allowed = repair_mask(positions, torch.tensor([5]))[None]
     one = mask_argument(tiny_family_config("phi3"), allowed, positions[None, 5:], positions[None], torch.float32)
     assert torch.is_tensor(one) and one.shape == (1, 1, 1, 6) and bool((one == 0).all())  # window 24 > 6 rows
-    mixed = mask_argument(tiny_family_config("gemma3_text", sliding_window=2), allowed, positions[None, 5:],
-                          positions[None], torch.float32)
+    mixed = mask_argument(
+        tiny_family_config("gemma3_text", sliding_window=2),
+        allowed,
+        positions[None, 5:],
+        positions[None],
+        torch.float32,
+    )
     assert (mixed["full_attention"] == 0).int().tolist() == [[[[1, 1, 1, 1, 1, 1]]]]
     assert (mixed["sliding_attention"] == 0).int().tolist() == [[[[0, 0, 0, 0, 1, 1]]]]
 
@@ -144,8 +150,7 @@ def test_mask_argument_is_one_mask_or_one_per_layer_type():
 def test_repair_mask_pattern():
     positions = torch.tensor([0, 1, 2, 3])
     allowed = repair_mask(positions, torch.tensor([1, 3])).int().tolist()
-    assert allowed == [[1, 1, 0, 0],
-                       [1, 1, 1, 1]]
+    assert allowed == [[1, 1, 0, 0], [1, 1, 1, 1]]
 
 
 @pytest.mark.parametrize("query_block", [1, 2, 5])
@@ -156,7 +161,9 @@ def test_blocked_attention_gives_the_same_repair_as_one_block(tiny, case, query_
     one_block = tiny.repair(corrupted, cached, rows, query_block=len(cached))
     blocked = tiny.repair(corrupted, cached, rows, query_block=query_block)
     assert close(blocked, one_block)  # float rounding only (~4e-6): the sums are split differently
-    assert tiny.generate(blocked, last, 16, stop_ids=()).tokens == tiny.generate(one_block, last, 16, stop_ids=()).tokens
+    assert (
+        tiny.generate(blocked, last, 16, stop_ids=()).tokens == tiny.generate(one_block, last, 16, stop_ids=()).tokens
+    )
 
 
 def test_key_extents_cover_exactly_the_visible_prefix():
@@ -274,7 +281,7 @@ def test_batched_generation_equals_one_at_a_time(tiny):
     at = next(i for i in range(2, len(free)) if free[i] not in free[:i])  # row 2 stops there, after >= 2 tokens
     stop = free[at]
     single = [tiny.generate(*r, stop_ids=(stop,)) for r in requests]
-    batch = tiny.generate_batch(requests, stop_ids=(stop,))
+    batch = generate_batch(tiny, requests, stop_ids=(stop,))
     assert single[2].stopped and len(single[2].tokens) == at
     for (kv, _, _), s, b in zip(requests, single, batch):
         assert b.tokens == s.tokens and b.stopped == s.stopped
@@ -284,17 +291,32 @@ def test_batched_generation_equals_one_at_a_time(tiny):
 
 
 def test_config_only_names_resolve_to_published_shapes_or_fail_clearly(tmp_path):
-    from bcr_core.models import config_only
+    from bcr_core.engine.models import config_only
 
     llama = config_only("config:llama-3.1-8b")
-    assert (llama.num_hidden_layers, llama.num_key_value_heads, llama.head_dim, llama.vocab_size) == (32, 8, 128, 128256)
+    assert (llama.num_hidden_layers, llama.num_key_value_heads, llama.head_dim, llama.vocab_size) == (
+        32,
+        8,
+        128,
+        128256,
+    )
     assert llama.rope_parameters["rope_type"] == "llama3"
     qwen3 = config_only("config:qwen3-8b")
-    assert (qwen3.model_type, qwen3.num_hidden_layers, qwen3.num_key_value_heads, qwen3.head_dim) == ("qwen3", 36, 8, 128)
+    assert (qwen3.model_type, qwen3.num_hidden_layers, qwen3.num_key_value_heads, qwen3.head_dim) == (
+        "qwen3",
+        36,
+        8,
+        128,
+    )
     phi3 = config_only("config:phi-3-mini")
     assert (phi3.model_type, phi3.hidden_size, phi3.num_hidden_layers, phi3.sliding_window) == ("phi3", 3072, 32, 2047)
     gemma = config_only("config:gemma-3-4b")
-    assert (gemma.model_type, gemma.num_hidden_layers, gemma.head_dim, gemma.sliding_window) == ("gemma3_text", 34, 256, 1024)
+    assert (gemma.model_type, gemma.num_hidden_layers, gemma.head_dim, gemma.sliding_window) == (
+        "gemma3_text",
+        34,
+        256,
+        1024,
+    )
     assert gemma.layer_types.count("full_attention") == 5 and gemma.layer_types[5] == "full_attention"
     assert gemma.rope_parameters["full_attention"]["rope_type"] == "linear"
     for config in (qwen3, phi3, gemma):
@@ -306,7 +328,7 @@ def test_config_only_names_resolve_to_published_shapes_or_fail_clearly(tmp_path)
 
 
 def test_sequences_joining_a_running_batch_decode_as_if_alone(tiny):
-    from bcr_core.backbone import BatchDecoder
+    from bcr_core.engine.batching import BatchDecoder
 
     prompts = [random_ids(n + 1, seed=30 + n) for n in (12, 30, 7)]
     caches = [(tiny.prefill(ids[:-1]), ids[-1]) for ids in prompts]

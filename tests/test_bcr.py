@@ -3,17 +3,21 @@
 import pytest
 import torch
 
-from bcr_core.anchors import KVCommConfig
-from bcr_core.conditions import make_server, parse
-from bcr_core.pipeline import Pipeline
-from bcr_core.selectors import CacheBlendSelector, CoinSelector
-from bcr_core.serving import DenseServer, KVCommServer
+from bcr_core.agents.pipeline import Pipeline
+from bcr_core.experiments.conditions import make_server, parse
+from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector
+from bcr_core.reuse.anchors import KVCommConfig
+from bcr_core.reuse.servers import DenseServer, KVCommServer
 
-STORY = ("The harbour town kept a ledger of every ship that arrived, with the captain's name, the cargo, the "
-         "number of crates and the day of arrival, and the clerks copied each line twice so that nothing was lost. "
-         "In the winter the ledger was kept by the harbour master himself, who wrote slowly and checked every sum. ")
-QUESTIONS = [STORY + f"On day {d}, how many crates did the ship carrying {c} unload?" for d, c in
-             [(3, "salt"), (5, "wool"), (8, "tea"), (2, "iron"), (9, "rice")]]
+STORY = (
+    "The harbour town kept a ledger of every ship that arrived, with the captain's name, the cargo, the "
+    "number of crates and the day of arrival, and the clerks copied each line twice so that nothing was lost. "
+    "In the winter the ledger was kept by the harbour master himself, who wrote slowly and checked every sum. "
+)
+QUESTIONS = [
+    STORY + f"On day {d}, how many crates did the ship carrying {c} unload?"
+    for d, c in [(3, "salt"), (5, "wool"), (8, "tea"), (2, "iron"), (9, "rice")]
+]
 
 
 def run(bb, server, questions, tokens=5):
@@ -21,13 +25,16 @@ def run(bb, server, questions, tokens=5):
     return [pipeline.run(server, str(i), q, keep_caches=True) for i, q in enumerate(questions)]
 
 
-@pytest.mark.parametrize("condition", ["bcr-chunk@1", "bcr-grow@1", "bcr-single@1", "coin-chunk@1",
-                                       "coin-single@1", "cacheblend-cost@1"])
+@pytest.mark.parametrize(
+    "condition", ["bcr-chunk@1", "bcr-grow@1", "bcr-single@1", "coin-chunk@1", "coin-single@1", "cacheblend-cost@1"]
+)
 def test_full_budget_reproduces_token_matched_dense(tiny_chat, condition):
     server = make_server(tiny_chat, condition + ":gamma=1")
     records = run(tiny_chat, server, QUESTIONS[:4])
     reference = run(tiny_chat, DenseServer(tiny_chat, token_matched=True), QUESTIONS[:4])
-    repaired = [(c, r) for rec, ref in zip(records, reference) for c, r in zip(rec.calls, ref.calls) if c.mode == "reuse"]
+    repaired = [
+        (c, r) for rec, ref in zip(records, reference) for c, r in zip(rec.calls, ref.calls) if c.mode == "reuse"
+    ]
     assert repaired, "the warm-up never ended: no call was served from an assembled cache"
     for call, dense in repaired:
         assert call.rows_recomputed == len(call.merged_ids) - 1 >= 128
@@ -50,7 +57,9 @@ def test_budget_and_skip_rule_in_the_records(tiny_chat):
 def test_repair_at_partial_budget_moves_the_cache_towards_dense(tiny_chat):
     records = run(tiny_chat, make_server(tiny_chat, "bcr-single@0.5:gamma=1"), QUESTIONS[:4])
     plain = run(tiny_chat, KVCommServer(tiny_chat, KVCommConfig(gamma=1.0)), QUESTIONS[:4])
-    call, unrepaired = next((c, p) for r, q in zip(records, plain) for c, p in zip(r.calls, q.calls) if c.mode == "reuse")
+    call, unrepaired = next(
+        (c, p) for r, q in zip(records, plain) for c, p in zip(r.calls, q.calls) if c.mode == "reuse"
+    )
     dense = tiny_chat.prefill(call.merged_ids[:-1])
     err = lambda kv: float((kv.values - dense.values).norm())
     assert err(call.served[0]) < err(unrepaired.served[0])
@@ -68,7 +77,9 @@ def test_coin_stream_is_reproducible_and_seeded():
 
 
 def test_coin_condition_repeats_under_the_same_seed_only(tiny_chat):
-    rows = lambda spec: [c.repaired_rows for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls]
+    rows = lambda spec: [
+        c.repaired_rows for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls
+    ]
     same = rows("coin-single@0.3:gamma=1,seed=4,skip=off")
     assert any(same) and same == rows("coin-single@0.3:gamma=1,seed=4,skip=off")
     assert same != rows("coin-single@0.3:gamma=1,seed=5,skip=off")
@@ -80,7 +91,7 @@ def test_cacheblend_ranks_rows_by_their_layer_one_value_deviation(tiny_chat):
     broken_rows = torch.tensor([7, 30, 31])
     values = dense.values.clone()
     values[1, :, :, broken_rows] += 0.5
-    scores = CacheBlendSelector().scores(tiny_chat, type(dense)(dense.keys, values, dense.positions), ids, 0)
+    scores = CacheBlendSelector().rank(tiny_chat, type(dense)(dense.keys, values, dense.positions), ids, 0).scores
     assert sorted(scores.argsort(descending=True)[:3].tolist()) == broken_rows.tolist()
     assert float(scores[torch.tensor([0, 1, 2])].max()) < 1e-4  # untouched rows: fresh == cached
 
@@ -113,13 +124,16 @@ def test_allocation_policies_force_dense_where_they_say(tiny_chat):
     assert any(c.reason == "coin" for r in never for c in r.calls)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("bcr-chunk@1.5", r"rho must lie in \[0, 1\]"),
-    ("cacheblend-reuse", "paired BCR-chunk reuse rate"),
-    ("opengate@2", r"theta must lie in \[0, 1\]"),
-    ("kvcomm@-1", r"gamma must lie in \[0, 1\]"),
-    ("bcr-tile", "unknown condition 'bcr-tile'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("bcr-chunk@1.5", r"rho must lie in \[0, 1\]"),
+        ("cacheblend-reuse", "paired BCR-chunk reuse rate"),
+        ("opengate@2", r"theta must lie in \[0, 1\]"),
+        ("kvcomm@-1", r"gamma must lie in \[0, 1\]"),
+        ("bcr-tile", "unknown condition 'bcr-tile'"),
+    ],
+)
 def test_bad_conditions_are_clear_errors(tiny_chat, spec, message):
     with pytest.raises(ValueError, match=message):
         make_server(tiny_chat, spec)
@@ -128,3 +142,37 @@ def test_bad_conditions_are_clear_errors(tiny_chat, spec, message):
 def test_condition_labels_round_trip():
     assert parse("kvcomm@0.5").label == "kvcomm@0.5"
     assert parse("coin-chunk@0.3:seed=2").label == "coin-chunk@0.3:seed=2"
+
+
+def test_a_trace_is_kept_only_when_asked_and_reuses_the_selectors_draft(tiny_chat, monkeypatch):
+    spec = "bcr-single@0.3:gamma=1,skip=off"
+    plain = [c for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls]
+    assert all(c.trace is None for c in plain)
+    drafts = []
+    draft = tiny_chat.draft
+    monkeypatch.setattr(tiny_chat, "draft", lambda *a, **k: drafts.append(1) or draft(*a, **k))
+    traced_server = make_server(tiny_chat, spec)
+    traced_server.trace = True
+    traced = [c for r in run(tiny_chat, traced_server, QUESTIONS[:4]) for c in r.calls]
+    reused = [c for c in traced if c.mode == "reuse"]
+    assert reused and len(drafts) == len(reused)  # one draft per repaired call: the trace holds the selector's
+    untimed = lambda c: c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0}
+    assert [untimed(c) for c in traced] == [untimed(c) for c in plain]  # tracing changes no record
+    for call in reused:
+        trace = call.trace
+        assert trace.assembled.length == len(call.merged_ids) - 1 and trace.rows == call.repaired_rows
+        k = round(0.3 * trace.assembled.length)  # single layout: the k best-scored rows, written out here
+        best = sorted(range(len(trace.scores)), key=lambda j: (-float(trace.scores[j]), j))[:k]
+        assert sorted(int(trace.candidates[j]) for j in best) == call.repaired_rows
+        scores = trace.draft.attention[1:].mean(dim=(1, 2)).sum(dim=0)  # Algorithm 2 on the kept draft
+        assert torch.allclose(scores, trace.scores)
+    assert all(c.trace is None for c in traced if c.mode == "dense")
+
+
+def test_a_kvcomm_trace_drafts_once_on_the_unrepaired_cache(tiny_chat):
+    server = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    server.trace = True
+    call = next(c for r in run(tiny_chat, server, QUESTIONS[:4]) for c in r.calls if c.mode == "reuse")
+    assert call.trace.scores is None and call.trace.rows == [] and len(call.trace.draft.tokens) == 2
+    alone = tiny_chat.draft(call.trace.assembled, call.merged_ids[-1])
+    assert alone.tokens == call.trace.draft.tokens and torch.equal(alone.attention, call.trace.draft.attention)

@@ -7,14 +7,15 @@ from math import comb
 import pandas as pd
 import pytest
 
-from bcr_core import claims
-from bcr_core.runner import Cell, run_cell
+from bcr_core.experiments import claims, claims_grid
+from bcr_core.experiments.runner import Cell, run_cell
+from bcr_core.paths import RESULTS
 
 
 def exact_p(b: int, c: int) -> float:
     """Two-sided exact McNemar written out: twice the binomial(b + c, 1/2) tail, capped at 1."""
     n, k = b + c, min(b, c)
-    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2 ** n)
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n)
 
 
 def test_binary_verdicts_read_the_split_in_the_claimed_direction():
@@ -25,8 +26,13 @@ def test_binary_verdicts_read_the_split_in_the_claimed_direction():
     assert holds.evidence.startswith("10/1")
     reverse = claims.binary_verdict("c", "p", "t", pd.Series(worse), pd.Series(better))
     assert reverse.verdict == "does not hold"
-    close = claims.binary_verdict("c", "p", "t", pd.Series([True, True, True, False, False] + [True] * 15),
-                                  pd.Series([False, False, False, True, True] + [True] * 15))
+    close = claims.binary_verdict(
+        "c",
+        "p",
+        "t",
+        pd.Series([True, True, True, False, False] + [True] * 15),
+        pd.Series([False, False, False, True, True] + [True] * 15),
+    )
     assert close.verdict == "undecided" and close.p == pytest.approx(exact_p(3, 2))
     needed = close.items_needed  # at 3:2 per 20 items, a test at that many items separates them
     scale = needed / 20
@@ -41,8 +47,16 @@ def records(outcomes: dict[str, list[bool]], reuse: dict[str, float] | None = No
     rows = []
     for condition, hits in outcomes.items():
         for i, hit in enumerate(hits):
-            rows.append({"condition": condition, "item_id": str(i), "index": i, "correct": hit,
-                         "final_text": "A" if hit else f"wrong {condition}", "reuse_rate": (reuse or {}).get(condition, 0.0)})
+            rows.append(
+                {
+                    "condition": condition,
+                    "item_id": str(i),
+                    "index": i,
+                    "correct": hit,
+                    "final_text": "A" if hit else f"wrong {condition}",
+                    "reuse_rate": (reuse or {}).get(condition, 0.0),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -51,8 +65,10 @@ def test_the_gate_line_holds_on_the_line_and_not_off_it():
     dense, kvcomm = [True] * 30 + [False] * 10, [True] * 20 + [False] * 20  # 75% at reuse 0, 50% at reuse 0.5
     on_line = [True] * 25 + [False] * 15  # 62.5% at reuse 0.25: on the line
     off_line = [True] * 40  # 100% at reuse 0.5: far above it
-    items = records({"dense": dense, "kvcomm": kvcomm, "kvcomm@1": on_line, "opengate": off_line},
-                    {"kvcomm": 0.5, "kvcomm@1": 0.25, "opengate": 0.5})
+    items = records(
+        {"dense": dense, "kvcomm": kvcomm, "kvcomm@1": on_line, "opengate": off_line},
+        {"kvcomm": 0.5, "kvcomm@1": 0.25, "opengate": 0.5},
+    )
     assert len(items) == 4 * n
     assert claims.line_verdict(items, "dense", "kvcomm", ["kvcomm@1"]).verdict == "holds"
     off = claims.line_verdict(items, "dense", "kvcomm", ["kvcomm@1", "opengate"])
@@ -66,11 +82,26 @@ def test_verdicts_on_known_records():
     kvcomm = [True] * 30 + [False] * 30
     bcr = [True] * 50 + [False] * 10  # beats KVComm on 20 items, loses on none
     coins = {f"coin-chunk:chunk=16,seed={s}": [True] * 32 + [False] * 28 for s in range(3)}
-    items = records({"dense": dense, "token-matched-dense": matched, "kvcomm": kvcomm, "bcr-chunk:chunk=16": bcr,
-                     **coins, "cacheblend-cost:chunk=16": kvcomm})
-    calls = pd.DataFrame([{"condition": c, "item_id": str(i), "node": "agent_1", "mode": "dense", "ids_match": True,
-                           "fidelity": {}} for c in items["condition"].unique() for i in range(n)])
-    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16").set_index("claim")
+    items = records(
+        {
+            "dense": dense,
+            "token-matched-dense": matched,
+            "kvcomm": kvcomm,
+            "bcr-chunk:chunk=16": bcr,
+            **coins,
+            "cacheblend-cost:chunk=16": kvcomm,
+        }
+    )
+    calls = pd.DataFrame(
+        [
+            {"condition": c, "item_id": str(i), "node": "agent_1", "mode": "dense", "ids_match": True, "fidelity": {}}
+            for c in items["condition"].unique()
+            for i in range(n)
+        ]
+    )
+    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16").set_index(
+        "claim"
+    )
     assert table.loc["reuse costs Dense-agreement", "verdict"] == "holds"  # 30/0
     assert table.loc["BCR-chunk beats KVComm", "verdict"] == "holds"
     assert table.loc["BCR-chunk beats KVComm", "p"] == pytest.approx(exact_p(20, 0))
@@ -82,44 +113,83 @@ def test_verdicts_on_known_records():
 
 
 def test_compact_results_drop_id_lists_and_load_back(tiny_chat, tmp_path):
-    cell = Cell("synthetic", 2, ("dense", "kvcomm:gamma=1", "bcr-single:gamma=1,skip=off"), 3, max_new_tokens=3,
-                extra={"seed": 7})
+    cell = Cell(
+        "synthetic",
+        2,
+        ("dense", "kvcomm:gamma=1", "bcr-single:gamma=1,skip=off"),
+        3,
+        max_new_tokens=3,
+        extra={"seed": 7},
+    )
     run_cell(tiny_chat, cell, tmp_path / "run", progress=False)
-    assert claims.export_compact(tmp_path / "run", tmp_path / "results" / "cell") == 9
+    assert claims_grid.export_compact(tmp_path / "run", tmp_path / "results" / "cell") == 9
     with gzip.open(tmp_path / "results" / "cell" / "calls.jsonl.gz", "rt") as f:
         compact = [json.loads(line) for line in f]
     full = [json.loads(line) for line in (tmp_path / "run" / "calls.jsonl").read_text().splitlines()]
-    assert len(compact) == len(full) and not any(k in c for c in compact for k in claims.ID_LISTS)
+    assert len(compact) == len(full) and not any(k in c for c in compact for k in claims_grid.ID_LISTS)
     for small, big in zip(compact, full):
         assert small["cached_rows"] == len(big["merged_ids"]) - 1
         assert small["ids_match"] == (big["dense_ids"] == big["merged_ids"])
         assert small["rows_recomputed"] == len(big["repaired_rows"])
-    items, calls = claims.load_runs(tmp_path / "results")
+    items, calls = claims_grid.load_runs(tmp_path / "results")
     assert len(items) == 9 and len(calls) == len(full) and set(items["run"]) == {"cell"}
-    table = claims.grid_table(items, calls, list(cell.conditions), reference="kvcomm:gamma=1")
+    table = claims_grid.grid_table(items, calls, list(cell.conditions), reference="kvcomm:gamma=1")
     assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
-    claims.export_compact(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
+    claims_grid.export_compact(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
     with pytest.raises(ValueError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):
-        claims.load_runs(tmp_path / "results")
+        claims_grid.load_runs(tmp_path / "results")
 
 
 def test_the_committed_results_give_the_committed_verdicts():
     """results/claims holds compact records that notebook 10 reads by default; the verdicts the README
     shows must be what the code computes from them (a change to either is caught here)."""
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "results" / "claims"
-    data = claims.load_claims(root)
-    grid = claims.ClaimsGrid()
-    table = claims.grid_table(data["items"], data["calls"], grid.main())
+    root = RESULTS / "claims"
+    data = claims_grid.load_claims(root)
+    grid = claims_grid.ClaimsGrid()
+    table = claims_grid.grid_table(data["items"], data["calls"], grid.main())
     assert len(table) == len(grid.main()) and table["n"].nunique() == 1 and table["n"].iloc[0] >= 60
     predicted = table[table["condition"].str.contains("rank=predicted")]
     assert (predicted["rows_wasted_per_call"] == 0).all() and (predicted["rows_per_call"] > 0).all()
-    fresh = claims.verdicts(data["items"], data["calls"], grid.bcr, cacheblend=grid.cacheblend,
-                            gate_settings=grid.gate(), curve=data["curve"], verify=data["verify"])
+    fresh = claims.verdicts(
+        data["items"],
+        data["calls"],
+        grid.bcr,
+        cacheblend=grid.cacheblend,
+        gate_settings=grid.gate(),
+        curve=data["curve"],
+        verify=data["verify"],
+    )
     committed = pd.read_csv(root / "verdicts.csv")
     assert fresh["claim"].tolist() == committed["claim"].tolist()
     assert fresh["verdict"].tolist() == committed["verdict"].tolist()
     readme = (root.parent.parent / "README.md").read_text()
     for row in committed.itertuples():
         assert f"| {row.claim} | **{row.verdict}** |" in readme
+
+
+@pytest.mark.real_model
+def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
+    """The first five items of the committed grid (the fifth is the first served from an assembled
+    cache), rerun by today's code: every call's tokens, route, gate decisions and repaired rows as
+    committed. A change that moves any of them is a change in behaviour, not in layout."""
+    committed = json.loads((RESULTS / "claims" / "a" / "cell.json").read_text())
+    conditions = ("bcr-chunk:chunk=16", "coin-chunk:chunk=16,seed=0")
+    cell = Cell(
+        "synthetic", committed["n_agents"], conditions, 5, committed["max_new_tokens"], extra=committed["extra"]
+    )
+    run_cell(real, cell, tmp_path, progress=False)
+    fresh = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    with gzip.open(RESULTS / "claims" / "a" / "calls.jsonl.gz", "rt") as f:
+        wanted = {
+            (c["condition"], c["item_id"], c["node"]): c for c in map(json.loads, f) if c["condition"] in conditions
+        }
+    keys = ("mode", "reason", "output_tokens", "rows_recomputed", "rows_wasted", "skipped", "decisions", "segment_map")
+    assert len(fresh) == 2 * 5 * 4 and any(c["mode"] == "reuse" and c["rows_recomputed"] for c in fresh)
+    for call in fresh:
+        old = wanted[(call["condition"], call["item_id"], call["node"])]
+        assert {k: call[k] for k in keys} == {k: old[k] for k in keys}, (
+            call["condition"],
+            call["item_id"],
+            call["node"],
+        )

@@ -10,11 +10,12 @@ import torch
 from scipy import stats as scipy_stats
 
 from bcr_core import lab
-from bcr_core.conditions import make_server, parse
-from bcr_core.layouts import Chunk, LayoutConfig
-from bcr_core.pipeline import Pipeline, RequestRecord
-from bcr_core.runner import Cell, item_record, run_cell, summarize
-from bcr_core.serving import CallRecord
+from bcr_core.agents.pipeline import Pipeline, RequestRecord
+from bcr_core.experiments.conditions import make_server, parse
+from bcr_core.experiments.runner import Cell, item_record, run_cell
+from bcr_core.experiments.summary import summarize
+from bcr_core.repair.layouts import Chunk, LayoutConfig
+from bcr_core.reuse.calls import CallRecord
 from tests.test_bcr import QUESTIONS, run
 
 
@@ -50,7 +51,7 @@ def test_coin_picks_every_chunk_equally_often(tiny_chat):
     m, draws, per_call = 200, 4000, 2
     counts = torch.zeros(13)
     for _ in range(draws):
-        scores = server.selector.scores(None, None, None, None, torch.arange(m))
+        scores = server.selector.rank(None, None, None, None, torch.arange(m)).scores
         rows = server.layout.rows(scores, server.rho, m)
         assert rows.numel() in (2 * 16, 16 + 8)
         counts[rows.div(16, rounding_mode="floor").unique()] += 1
@@ -59,13 +60,17 @@ def test_coin_picks_every_chunk_equally_often(tiny_chat):
         assert scipy_stats.binomtest(int(picked), draws, per_call / 13).pvalue > 1e-3, counts.tolist()
     # the same test finds the bias of a coin per row whose chunk scores the mean of its rows
     row_coin = make_server(tiny_chat, "coin-single@0.2:seed=11").selector
-    tail = sum(int(16 * 12 in server.layout.rows(row_coin.scores(None, None, None, None, torch.arange(m)), 0.2, m))
-               for _ in range(draws))
+    tail = sum(
+        int(16 * 12 in server.layout.rows(row_coin.rank(None, None, None, None, torch.arange(m)).scores, 0.2, m))
+        for _ in range(draws)
+    )
     assert scipy_stats.binomtest(tail, draws, per_call / 13).pvalue < 1e-6
 
 
-@pytest.mark.parametrize("spec", ["bcr-chunk", "bcr-grow", "bcr-single", "coin-chunk", "coin-single",
-                                  "cacheblend-cost", "cacheblend-reuse@0.8"])
+@pytest.mark.parametrize(
+    "spec",
+    ["bcr-chunk", "bcr-grow", "bcr-single", "coin-chunk", "coin-single", "cacheblend-cost", "cacheblend-reuse@0.8"],
+)
 def test_every_layout_and_both_cacheblend_pairings_skip_by_algorithm_1(tiny_chat, spec):
     for b in (16, 64):
         server = make_server(tiny_chat, f"{spec}:chunk={b}")
@@ -77,8 +82,14 @@ def test_every_layout_and_both_cacheblend_pairings_skip_by_algorithm_1(tiny_chat
 
 
 def test_skip_is_counted_in_the_summary(tiny_chat, tmp_path):
-    cell = Cell("synthetic", 2, ("dense", "kvcomm:gamma=1", "bcr-single:gamma=1", "bcr-single:gamma=1,skip=off"),
-                4, max_new_tokens=3, extra={"seed": 7})
+    cell = Cell(
+        "synthetic",
+        2,
+        ("dense", "kvcomm:gamma=1", "bcr-single:gamma=1", "bcr-single:gamma=1,skip=off"),
+        4,
+        max_new_tokens=3,
+        extra={"seed": 7},
+    )
     table = summarize(run_cell(tiny_chat, cell, tmp_path, progress=False)).set_index("condition")
     reused = table.loc["kvcomm:gamma=1", "reuse_rate"] * 4 * 3  # calls KVComm served from cache
     assert reused > 0
@@ -100,11 +111,14 @@ def test_wasted_rows_are_counted_and_rank_predicted_wastes_none(tiny_chat, name)
     spec = f"{name}@0.5:gamma=1,skip=off,chunk=8"
     default = [c for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls]
     explicit = [c for r in run(tiny_chat, make_server(tiny_chat, spec + ",rank=all"), QUESTIONS[:4]) for c in r.calls]
-    assert [(c.output_tokens, c.repaired_rows) for c in default] == [(c.output_tokens, c.repaired_rows) for c in explicit]
+    assert [(c.output_tokens, c.repaired_rows) for c in default] == [
+        (c.output_tokens, c.repaired_rows) for c in explicit
+    ]
     for call in default:
         assert call.rows_wasted == sum(row < prefix_stop(call) for row in call.repaired_rows)
-    predicted = [c for r in run(tiny_chat, make_server(tiny_chat, spec + ",rank=predicted"), QUESTIONS[:4])
-                 for c in r.calls]
+    predicted = [
+        c for r in run(tiny_chat, make_server(tiny_chat, spec + ",rank=predicted"), QUESTIONS[:4]) for c in r.calls
+    ]
     repaired = [c for c in predicted if c.repaired_rows]
     assert repaired and sum(c.rows_wasted for c in default) > 0 or name == "cacheblend-cost"
     for call in repaired:
@@ -129,8 +143,20 @@ def test_unknown_and_repeated_condition_options_are_refused():
 
 
 def test_mmlu_items_keep_both_rules_and_correct_is_lenient(tiny_chat):
-    call = CallRecord("final", "r", "dense", "dense", "dense", [1], [1], [1], [2], "It is not A; the answer is B",
-                      0.1, 0.2)
+    call = CallRecord(
+        node="final",
+        role="r",
+        condition="dense",
+        mode="dense",
+        reason="dense",
+        served_ids=[1],
+        dense_ids=[1],
+        merged_ids=[1],
+        output_tokens=[2],
+        output_text="It is not A; the answer is B",
+        ttft_s=0.1,
+        total_s=0.2,
+    )
     request = RequestRecord("q1", "mmlu", "dense", [call])
     item = {"id": "q1", "question": "?", "choices": ["a", "b", "c", "d"], "answer": "A"}
     record = item_record(Cell("mmlu", 2, ("dense",), 1), "dense", 0, item, request)

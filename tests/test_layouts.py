@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bcr_core.layouts import Chunk, Grow, LayoutConfig, Single, layout
+from bcr_core.repair.layouts import Chunk, Grow, LayoutConfig, Single, layout
 
 
 def t(values):

@@ -12,15 +12,32 @@ import pytest
 import torch
 
 from bcr_core import lab
-from bcr_core import params
 from bcr_core.cli import main
-from bcr_core.layouts import LayoutConfig
-from bcr_core.notebooks import NOTEBOOK_DIR, NotebookError, export_html, notebook_paths, remote_scripts, run_notebooks
-from bcr_core.params import ParameterError
-from bcr_core.runner import Cell, run_cell
+from bcr_core.experiments.runner import Cell, run_cell
+from bcr_core.lab import params
+from bcr_core.lab.notebooks import (
+    NotebookError,
+    export_html,
+    notebook_paths,
+    remote_scripts,
+    run_notebooks,
+)
+from bcr_core.lab.params import ParameterError
+from bcr_core.repair.layouts import LayoutConfig, layout
 
-EXPECTED = ["00_quickstart", "01_warmup", "02_gate_sweep", "03_unit_of_choice", "04_tokenization_control",
-            "05_layouts", "06_budget_sweep", "07_latency", "08_allocation", "09_attention_explorer", "10_claims"]
+EXPECTED = [
+    "00_quickstart",
+    "01_warmup",
+    "02_gate_sweep",
+    "03_unit_of_choice",
+    "04_tokenization_control",
+    "05_layouts",
+    "06_budget_sweep",
+    "07_latency",
+    "08_allocation",
+    "09_attention_explorer",
+    "10_claims",
+]
 
 
 # -- parameters ---------------------------------------------------------------------------------
@@ -30,16 +47,19 @@ def test_check_accepts_and_normalises():
     assert p.gammas == [0.3, 1.0] and p.pinned is None and p.layout == "grow"
 
 
-@pytest.mark.parametrize("name, value, expected, given", [
-    ("n", "3", "expects int", "got str '3'"),
-    ("n", True, "expects int", "got bool True"),
-    ("n", 2.0, "expects int", "got float 2.0"),
-    ("rho", "0.2", "expects float", "got str '0.2'"),
-    ("smoke", 1, "expects bool", "got int 1"),
-    ("gammas", [0.3, "1"], "expects list of float", "got list"),
-    ("seeds", 0, "expects list of int", "got int 0"),
-    ("benchmark", 5, "expects str", "got int 5"),
-])
+@pytest.mark.parametrize(
+    "name, value, expected, given",
+    [
+        ("n", "3", "expects int", "got str '3'"),
+        ("n", True, "expects int", "got bool True"),
+        ("n", 2.0, "expects int", "got float 2.0"),
+        ("rho", "0.2", "expects float", "got str '0.2'"),
+        ("smoke", 1, "expects bool", "got int 1"),
+        ("gammas", [0.3, "1"], "expects list of float", "got list"),
+        ("seeds", 0, "expects list of int", "got int 0"),
+        ("benchmark", 5, "expects str", "got int 5"),
+    ],
+)
 def test_wrong_type_names_parameter_expected_and_given(name, value, expected, given):
     with pytest.raises(ParameterError) as err:
         params.check(**{name: value})
@@ -47,17 +67,20 @@ def test_wrong_type_names_parameter_expected_and_given(name, value, expected, gi
     assert f"parameter {name!r}" in message and expected in message and given in message
 
 
-@pytest.mark.parametrize("name, value, why", [
-    ("n", 0, "outside >= 1"),
-    ("agents", 6, "outside in [2, 5]"),
-    ("rho", 1.5, "outside in [0, 1]"),
-    ("budget", 0.0, "outside in (0, 1]"),
-    ("benchmark", "gsm9k", "not one of"),
-    ("layout", "blocks", "not one of"),
-    ("conditions", ["kvcomm", "densest"], "unknown condition 'densest'"),
-    ("units", [], "fewer than 1"),
-    ("model", " ", "empty"),
-])
+@pytest.mark.parametrize(
+    "name, value, why",
+    [
+        ("n", 0, "outside >= 1"),
+        ("agents", 6, "outside in [2, 5]"),
+        ("rho", 1.5, "outside in [0, 1]"),
+        ("budget", 0.0, "outside in (0, 1]"),
+        ("benchmark", "gsm9k", "not one of"),
+        ("layout", "blocks", "not one of"),
+        ("conditions", ["kvcomm", "densest"], "unknown condition 'densest'"),
+        ("units", [], "fewer than 1"),
+        ("model", " ", "empty"),
+    ],
+)
 def test_out_of_range_values_are_refused(name, value, why):
     with pytest.raises(ParameterError, match=f"parameter {name!r}") as err:
         params.check(**{name: value})
@@ -113,15 +136,23 @@ def write_notebook(path, cells):
 def test_executor_names_the_failing_notebook_and_cell(tmp_path):
     folder = tmp_path / "nbs"
     folder.mkdir()
-    write_notebook(folder / "00_fine.ipynb", [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
-                                              nbformat.v4.new_code_cell("assert x == 2")])
-    write_notebook(folder / "01_boom.ipynb", [
-        nbformat.v4.new_markdown_cell("# a notebook that fails"),
-        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("y = x + 1"),
-        nbformat.v4.new_code_cell("raise ValueError(f'boom at {y}')"),
-        nbformat.v4.new_code_cell("print('never')"),
-    ])
+    write_notebook(
+        folder / "00_fine.ipynb",
+        [
+            nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+            nbformat.v4.new_code_cell("assert x == 2"),
+        ],
+    )
+    write_notebook(
+        folder / "01_boom.ipynb",
+        [
+            nbformat.v4.new_markdown_cell("# a notebook that fails"),
+            nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+            nbformat.v4.new_code_cell("y = x + 1"),
+            nbformat.v4.new_code_cell("raise ValueError(f'boom at {y}')"),
+            nbformat.v4.new_code_cell("print('never')"),
+        ],
+    )
     results = run_notebooks(tmp_path / "out", folder=folder, parameters={"x": 2})
     fine, boom = results
     assert fine.ok, fine.error  # the parameter was injected: x == 2
@@ -140,7 +171,7 @@ def test_wrong_parameter_type_stops_the_notebook_with_one_clear_line(tmp_path, c
     assert code == 1
     assert "03_unit_of_choice.ipynb failed at cell 3 of" in err
     assert "ParameterError: parameter 'segment_tokens' expects int >= 8, got str '2048'" in err
-    message = err[err.index("03_unit_of_choice.ipynb failed"):]
+    message = err[err.index("03_unit_of_choice.ipynb failed") :]
     assert "Traceback" not in message and "unit_curve.py" not in message
 
 
@@ -159,8 +190,13 @@ def test_collect_reads_an_existing_run_under_another_label(tiny_chat, tmp_path):
 
 
 def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
-    conditions = ["dense", "kvcomm@1", "bcr-single@0.3:gamma=1", "bcr-chunk@0.5:gamma=1,chunk=8",
-                  "coin-chunk@0.5:gamma=1,chunk=8"]
+    conditions = [
+        "dense",
+        "kvcomm@1",
+        "bcr-single@0.3:gamma=1",
+        "bcr-chunk@0.5:gamma=1,chunk=8",
+        "coin-chunk@0.5:gamma=1,chunk=8",
+    ]
     runs = lab.collect(GRID, conditions, tmp_path, backbone=tiny_chat, progress=False)
     budget = lab.budget_check(runs.calls)
     assert budget["within"].all() and (budget[budget["mode"] == "reuse"]["rows"] > 0).any()
@@ -180,8 +216,9 @@ def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
 
 def test_explore_selects_what_the_layout_prescribes(tiny_chat):
     items = GRID.items()
-    inspection = lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4,
-                                      progress=False)
+    inspection = lab.inspect_requests(
+        tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4, progress=False
+    )
     view = inspection.view()
     assert view.repaired_rows  # the captured draft reproduces the server's choice
     assert view.select("single", 0.2, LayoutConfig(skip="off")) == view.repaired_rows
@@ -197,7 +234,7 @@ def test_explore_selects_what_the_layout_prescribes(tiny_chat):
     assert lab.highlighted_rows(figure) == chunk.selected
     lab.update_figure(figure, view, lab.explore(view, layout_name="single", rho=0.1, skip="off"))
     assert len(lab.highlighted_rows(figure)) == round(0.1 * view.rows)
-    assert lab.row_limit("chunk", 0.2, 100, LayoutConfig(chunk=64)) == (0, 0)  # under two chunks: no repair
+    assert layout("chunk", LayoutConfig(chunk=64)).bounds(100, 0.2) == (0, 0)  # under two chunks: no repair
 
 
 def test_reports_open_offline(tmp_path):
@@ -207,11 +244,15 @@ def test_reports_open_offline(tmp_path):
 
     figure = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
     bundle = renderers["notebook"].to_mimebundle(figure.to_dict())
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("Costs $500 and $20"),
-                                         nbformat.v4.new_code_cell("fig", outputs=[nbformat.v4.new_output(
-                                             "display_data", data=bundle)])])
-    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2,
-                                                                            "version_minor": 0}}
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("Costs $500 and $20"),
+            nbformat.v4.new_code_cell("fig", outputs=[nbformat.v4.new_output("display_data", data=bundle)]),
+        ]
+    )
+    nb.metadata["widgets"] = {
+        "application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2, "version_minor": 0}
+    }
     executed = tmp_path / "n.ipynb"
     nbformat.write(nb, executed)
     assert remote_scripts(HTMLExporter().from_notebook_node(nb)[0])  # what nbconvert alone would load
@@ -221,8 +262,9 @@ def test_reports_open_offline(tmp_path):
 
 def test_explorer_figure_holds_plain_lists_and_keeps_its_highlight_colour(tiny_chat):
     items = GRID.items()
-    view = lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4,
-                                progress=False).view()
+    view = lab.inspect_requests(
+        tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4, progress=False
+    ).view()
     figure = lab.attention_figure(view, lab.explore(view, layout_name="single", rho=0.2, skip="off"), widget=True)
     for rho in (0.1, 0.3):
         lab.update_figure(figure, view, lab.explore(view, layout_name="single", rho=rho, skip="off"))
@@ -259,5 +301,7 @@ def test_every_notebook_runs_headless_in_smoke_mode(tmp_path):
         assert "checks passed" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)
         assert "Plotly.newPlot" in page.read_text(), f"{name}.html has no figure"
         assert remote_scripts(page.read_text()) == [], f"{name}.html loads scripts from the network"
-    explorer = "".join(o.get("text", "") for o in nbformat.read(out / "09_attention_explorer.ipynb", as_version=4).cells[-1].outputs)
+    explorer = "".join(
+        o.get("text", "") for o in nbformat.read(out / "09_attention_explorer.ipynb", as_version=4).cells[-1].outputs
+    )
     assert "explorer left at the parameters" in explorer

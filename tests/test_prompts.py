@@ -2,8 +2,8 @@
 
 import pytest
 
-from bcr_core.graph import FINAL, full_connected
-from bcr_core.prompts import Template, build_prompt, tokenization_diff
+from bcr_core.agents.graph import FINAL, full_connected
+from bcr_core.reuse.prompts import Template, build_prompt, tokenization_diff
 
 VALUES = {
     "user_question": "Tom has 3 apples and buys 4 more. How many apples does he have?",

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from bcr_core.assets import SMOLLM2_GGUF, cache_dir, fetch, sha256_of
 from bcr_core.cli import main
-from bcr_core.verify import MIN_TOKENS_COMPARED
+from bcr_core.engine.assets import SMOLLM2_GGUF, cache_dir, fetch, sha256_of
+from bcr_core.experiments.verify import MIN_TOKENS_COMPARED
 
 pytestmark = pytest.mark.real_model
 
@@ -51,19 +51,21 @@ def test_cli_names_an_unknown_model(capsys):
 
 @pytest.mark.parametrize("name", ["chunk", "grow", "single"])
 def test_every_layout_at_full_budget_reproduces_dense(real, name):
-    from bcr_core.layouts import layout
-    from bcr_core.selectors import DraftSelector
-    from bcr_core.verify import cache_under_prefix
+    from bcr_core.experiments.verify import cache_under_prefix
+    from bcr_core.repair.layouts import layout
+    from bcr_core.repair.selectors import DraftSelector
 
-    story = ("A small bakery sells bread, cakes and pies. On Monday it baked 120 loaves and sold 95 of them; "
-             "on Tuesday it baked 140 loaves and sold 131; on Wednesday it baked 100 loaves and sold all of "
-             "them. Every unsold loaf is given to a shelter at the end of the day. ")
+    story = (
+        "A small bakery sells bread, cakes and pies. On Monday it baked 120 loaves and sold 95 of them; "
+        "on Tuesday it baked 140 loaves and sold 131; on Wednesday it baked 100 loaves and sold all of "
+        "them. Every unsold loaf is given to a shelter at the end of the day. "
+    )
     ids = real.chat_ids([{"role": "user", "content": story * 2 + "How many loaves went to the shelter?"}])
     cached, last = ids[:-1], ids[-1]
     assert len(cached) >= 128  # the chunk layout's skip rule needs M >= 2B
     under_prefix, d = cache_under_prefix(real, cached)
     reused = real.shift(under_prefix, -d)
-    rows = layout(name).rows(DraftSelector().scores(real, reused, cached, last), 1.0)
+    rows = layout(name).rows(DraftSelector().rank(real, reused, cached, last).scores, 1.0)
     assert rows.tolist() == list(range(len(cached)))
     reference = real.generate(real.prefill(cached), last, 24, stop_ids=()).tokens
     assert real.generate(real.repair(reused, cached, rows), last, 24, stop_ids=()).tokens == reference
@@ -72,9 +74,10 @@ def test_every_layout_at_full_budget_reproduces_dense(real, name):
 
 def test_config_only_model_runs_the_ttft_protocol_with_the_embedded_tokenizer(tmp_path):
     """`--model config:PATH`: random weights with the config's shapes, ids from the embedded tokenizer."""
-    from bcr_core.backbone import Backbone
-    from bcr_core.latency import ttft_calls
     from conftest import tiny_llama_config
+
+    from bcr_core.engine.backbone import Backbone
+    from bcr_core.experiments.latency import ttft_calls
 
     config = tiny_llama_config(vocab_size=49152)
     config.save_pretrained(tmp_path)

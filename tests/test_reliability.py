@@ -10,13 +10,21 @@ import sys
 
 import pytest
 
-from bcr_core import datasets, models, runner
-from bcr_core.assets import AssetError
 from bcr_core.cli import main
-from bcr_core.runner import Cell, RunFiles, run_cell
+from bcr_core.data import datasets
+from bcr_core.engine import models
+from bcr_core.engine.assets import AssetError
+from bcr_core.experiments import runner
+from bcr_core.experiments.runner import Cell, RunFiles, run_cell
 
-CELL = Cell("synthetic", 2, ("dense", "kvcomm:gamma=1", "coin-single:gamma=1,skip=off,seed=3"), 4,
-            max_new_tokens=3, extra={"seed": 7})
+CELL = Cell(
+    "synthetic",
+    2,
+    ("dense", "kvcomm:gamma=1", "coin-single:gamma=1,skip=off,seed=3"),
+    4,
+    max_new_tokens=3,
+    extra={"seed": 7},
+)
 
 
 def snapshot(folder):
@@ -30,11 +38,14 @@ def finished(tiny_chat, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name, line, damage", [
-    ("calls.jsonl", 2, lambda line: line[: len(line) // 2]),  # a corrupted middle line
-    ("items.jsonl", 1, lambda line: "{" + line),
-    ("calls.jsonl", 3, lambda line: ""),  # one blank line
-])
+@pytest.mark.parametrize(
+    "name, line, damage",
+    [
+        ("calls.jsonl", 2, lambda line: line[: len(line) // 2]),  # a corrupted middle line
+        ("items.jsonl", 1, lambda line: "{" + line),
+        ("calls.jsonl", 3, lambda line: ""),  # one blank line
+    ],
+)
 def test_an_unreadable_middle_line_stops_the_run_and_changes_nothing(tiny_chat, finished, tmp_path, name, line, damage):
     out = tmp_path / "run"
     out.mkdir()
@@ -128,8 +139,11 @@ def test_a_flipped_byte_in_the_converted_model_is_converted_again(fake_embedded)
 def test_a_conversion_that_stays_corrupted_is_a_clear_error(fake_embedded, monkeypatch, capsys):
     target, files, conversions = fake_embedded
     bad = dict(files, **{"model.safetensors": b"garbage"})
-    monkeypatch.setattr(models, "convert_embedded", lambda t: (t.mkdir(parents=True, exist_ok=True),
-                                                                [(t / k).write_bytes(v) for k, v in bad.items()]))
+    monkeypatch.setattr(
+        models,
+        "convert_embedded",
+        lambda t: (t.mkdir(parents=True, exist_ok=True), [(t / k).write_bytes(v) for k, v in bad.items()]),
+    )
     assert main(["verify"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not match its pinned checksums: model.safetensors" in err
@@ -140,24 +154,61 @@ def test_the_pinned_checksums_are_the_converted_models():
     assert models.embedded_mismatches(models.embedded_model_dir()) == []
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["demo", "--new-tokens", "0"], "--new-tokens must be at least 1, got 0"),
-    (["demo", "--new-tokens", "-3"], "--new-tokens must be at least 1, got -3"),
-    (["unit-curve", "--seeds", "0"], "--seeds is how many random selections"),
-    (["run", "--benchmark", "synthetic", "--conditions", "dense,kvcomm", "--seeds", "0,1", "--n", "2", "--out", "X"],
-     "no coin condition"),
-    (["run", "--benchmark", "synthetic", "--conditions", "bcr-chunk:rho=1.0", "--n", "2", "--out", "X"],
-     "takes no option 'rho'"),
-    (["run", "--benchmark", "synthetic", "--conditions", "bcr-chunk,bcr-chunk@0.2", "--n", "2", "--out", "X"],
-     "repeat one run"),
-    (["run", "--benchmark", "synthetic", "--conditions", "dense,kvcomm", "--reference", "kvcomm@1", "--n", "2",
-      "--out", "X"], "--reference kvcomm@1 is not among the conditions"),
-    (["ttft", "--lengths", "0"], "--lengths are segment lengths in tokens, each at least 1; got [0]"),
-    (["unit-curve", "--prompts", "MISSING"], "--prompts MISSING: no such file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--new-tokens", "0"], "--new-tokens must be at least 1, got 0"),
+        (["demo", "--new-tokens", "-3"], "--new-tokens must be at least 1, got -3"),
+        (["unit-curve", "--seeds", "0"], "--seeds is how many random selections"),
+        (
+            [
+                "run",
+                "--benchmark",
+                "synthetic",
+                "--conditions",
+                "dense,kvcomm",
+                "--seeds",
+                "0,1",
+                "--n",
+                "2",
+                "--out",
+                "X",
+            ],
+            "no coin condition",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "bcr-chunk:rho=1.0", "--n", "2", "--out", "X"],
+            "takes no option 'rho'",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "bcr-chunk,bcr-chunk@0.2", "--n", "2", "--out", "X"],
+            "repeat one run",
+        ),
+        (
+            [
+                "run",
+                "--benchmark",
+                "synthetic",
+                "--conditions",
+                "dense,kvcomm",
+                "--reference",
+                "kvcomm@1",
+                "--n",
+                "2",
+                "--out",
+                "X",
+            ],
+            "--reference kvcomm@1 is not among the conditions",
+        ),
+        (["ttft", "--lengths", "0"], "--lengths are segment lengths in tokens, each at least 1; got [0]"),
+        (["unit-curve", "--prompts", "MISSING"], "--prompts MISSING: no such file"),
+    ],
+)
 def test_mistaken_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: pytest.fail("work started before the arguments were checked"))
+    monkeypatch.setattr(
+        runner, "run_cell", lambda *a, **k: pytest.fail("work started before the arguments were checked")
+    )
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
@@ -168,15 +219,29 @@ def test_several_options_of_one_condition_survive_the_command_line(tmp_path, mon
     monkeypatch.setattr(runner, "run_cell", lambda bb, cell, out, **k: seen.setdefault("cell", cell) and pytest.skip())
     monkeypatch.setattr("bcr_core.cli.load_backbone", lambda args: None)
     with pytest.raises(pytest.skip.Exception):
-        main(["run", "--benchmark", "synthetic", "--conditions", "dense,bcr-chunk:chunk=16,gamma=1,kvcomm",
-              "--n", "2", "--out", str(tmp_path / "r")])
+        main(
+            [
+                "run",
+                "--benchmark",
+                "synthetic",
+                "--conditions",
+                "dense,bcr-chunk:chunk=16,gamma=1,kvcomm",
+                "--n",
+                "2",
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
     assert seen["cell"].conditions == ("dense", "bcr-chunk:chunk=16,gamma=1", "kvcomm")
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: (p / "file").write_text("x") and p / "file", "cannot hold a run"),
-    (lambda p: p / "file" / "below", "cannot hold a run"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: (p / "file").write_text("x") and p / "file", "cannot hold a run"),
+        (lambda p: p / "file" / "below", "cannot hold a run"),
+    ],
+)
 def test_an_out_that_cannot_hold_a_run_is_a_clear_error(make, message, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=message):
@@ -192,7 +257,7 @@ def test_bcr_cache_pointing_at_a_file_is_one_line(tmp_path, monkeypatch, capsys)
 
 
 def test_prompts_that_are_a_folder_or_malformed_name_the_file_and_line(tmp_path):
-    from bcr_core.unit_curve import read_prompts
+    from bcr_core.experiments.unit_curve import read_prompts
 
     with pytest.raises(ValueError, match="is a folder"):
         read_prompts(tmp_path)
@@ -203,9 +268,8 @@ def test_prompts_that_are_a_folder_or_malformed_name_the_file_and_line(tmp_path)
 
 
 def test_model_folders_without_weights_with_a_small_vocabulary_or_broken_weights(tiny_chat, tmp_path):
-    from transformers import LlamaForCausalLM
-
     from conftest import tiny_llama_config
+    from transformers import LlamaForCausalLM
 
     bare = tmp_path / "bare"
     tiny_llama_config().save_pretrained(bare)
@@ -217,13 +281,13 @@ def test_model_folders_without_weights_with_a_small_vocabulary_or_broken_weights
     with pytest.raises(models.ModelError, match="tokenizer has 49152 tokens but the config's vocab_size is 1000"):
         models.load_pretrained(str(small))
     weights = small / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: 200])  # truncated
+    weights.write_bytes(weights.read_bytes()[:200])  # truncated
     with pytest.raises(models.ModelError, match="could not load model"):
         models.load_pretrained(str(small))
 
 
 def test_smoke_honours_explicit_parameters(monkeypatch):
-    from bcr_core import params
+    from bcr_core.lab import params
 
     monkeypatch.setenv("BCR_EXPLICIT_PARAMETERS", "n")
     p = params.check(n=7, agents=3, smoke=True).smoke()

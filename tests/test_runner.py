@@ -1,17 +1,21 @@
 """The experiment runner: paired, incremental, resumable."""
 
-import json
-
 import pandas as pd
 import pytest
 
-from bcr_core.stats import mcnemar_exact
+from bcr_core.experiments import runner
+from bcr_core.experiments.runner import Cell, run_cell
+from bcr_core.experiments.stats import mcnemar_exact
+from bcr_core.experiments.summary import summarize
 
-from bcr_core import runner
-from bcr_core.runner import Cell, run_cell, summarize
-
-CELL = Cell(benchmark="synthetic", n_agents=2, conditions=("dense", "kvcomm@1", "coin-single@0.3:gamma=1,seed=3"),
-            n=4, max_new_tokens=4, extra={"seed": 7})
+CELL = Cell(
+    benchmark="synthetic",
+    n_agents=2,
+    conditions=("dense", "kvcomm@1", "coin-single@0.3:gamma=1,seed=3"),
+    n=4,
+    max_new_tokens=4,
+    extra={"seed": 7},
+)
 TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 
 
@@ -61,7 +65,10 @@ def test_summary_is_paired_and_reports_bc_before_p(tiny_chat, tmp_path):
     wide = items.pivot(index="item_id", columns="condition", values="correct")
     only_kvcomm = int((wide["kvcomm@1"] & ~wide["dense"]).sum())
     only_dense = int((~wide["kvcomm@1"] & wide["dense"]).sum())
-    assert (by.loc["dense", "only_reference_right"], by.loc["dense", "only_condition_right"]) == (only_kvcomm, only_dense)
+    assert (by.loc["dense", "only_reference_right"], by.loc["dense", "only_condition_right"]) == (
+        only_kvcomm,
+        only_dense,
+    )
     assert by.loc["dense", "p_exact"] == pytest.approx(mcnemar_exact(only_kvcomm, only_dense))
 
 
@@ -89,9 +96,21 @@ def test_bad_cells_are_clear_errors():
         runner.tasks.load_items("gsm8k", 101)
 
 
-BATCHED = Cell(benchmark="synthetic", n_agents=2, n=6, max_new_tokens=10, extra={"seed": 11},
-               conditions=("dense", "kvcomm@1", "bcr-chunk@0.5:gamma=1", "coin-single@0.3:gamma=1,seed=3",
-                           "opengate@0.2", "token-matched-dense"))
+BATCHED = Cell(
+    benchmark="synthetic",
+    n_agents=2,
+    n=6,
+    max_new_tokens=10,
+    extra={"seed": 11},
+    conditions=(
+        "dense",
+        "kvcomm@1",
+        "bcr-chunk@0.5:gamma=1",
+        "coin-single@0.3:gamma=1,seed=3",
+        "opengate@0.2",
+        "token-matched-dense",
+    ),
+)
 
 
 @pytest.mark.parametrize("batch", [3, 8])
@@ -116,6 +135,7 @@ def test_batched_runner_serves_a_stateful_condition_one_item_at_a_time(tiny_chat
             if allowed:
                 starts.append((unit.key, [r.key for r in running]))
             return allowed
+
         return original(bb, units, width, recorded, finished)
 
     monkeypatch.setattr(runner, "run_lanes", spy)

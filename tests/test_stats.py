@@ -1,4 +1,4 @@
-"""Tests for bcr_core.stats against values computed independently of scipy where possible."""
+"""Tests for bcr_core.experiments.stats against values computed independently of scipy where possible."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.stats import (
+from bcr_core.experiments.stats import (
     discordant,
     line_residuals,
     mcnemar_exact,
@@ -20,7 +20,6 @@ from bcr_core.stats import (
     wilcoxon,
     wilson_ci,
 )
-
 
 # ---------------------------------------------------------------- reference formulas
 
@@ -45,9 +44,7 @@ def wilson_closed_form(k: int, n: int, level: float = 0.95) -> tuple[float, floa
 # ---------------------------------------------------------------- mcnemar_exact
 
 
-@pytest.mark.parametrize(
-    "b,c", [(0, 1), (1, 0), (3, 3), (17, 9), (9, 8), (14, 4), (47, 24), (5, 20), (0, 12)]
-)
+@pytest.mark.parametrize("b,c", [(0, 1), (1, 0), (3, 3), (17, 9), (9, 8), (14, 4), (47, 24), (5, 20), (0, 12)])
 def test_mcnemar_matches_binomial_sum(b, c):
     assert mcnemar_exact(b, c) == pytest.approx(binom_two_sided(b, c), rel=1e-12, abs=1e-15)
 
@@ -104,8 +101,16 @@ def test_wilson_known_interval():
 
 @pytest.mark.parametrize(
     "k,n,level",
-    [(8, 10, 0.95), (0, 10, 0.95), (10, 10, 0.95), (1, 1, 0.95), (128, 150, 0.95),
-     (37, 60, 0.9), (5, 300, 0.99), (150, 150, 0.8)],
+    [
+        (8, 10, 0.95),
+        (0, 10, 0.95),
+        (10, 10, 0.95),
+        (1, 1, 0.95),
+        (128, 150, 0.95),
+        (37, 60, 0.9),
+        (5, 300, 0.99),
+        (150, 150, 0.8),
+    ],
 )
 def test_wilson_matches_closed_form(k, n, level):
     lo, hi = wilson_ci(k, n, level)
@@ -138,9 +143,14 @@ def test_wilson_wider_at_higher_level():
 
 @pytest.mark.parametrize(
     "k,n,level,match",
-    [(0, 0, 0.95, "n must be positive"), (11, 10, 0.95, r"\[0, n\]"),
-     (-1, 10, 0.95, "non-negative"), (3, 10, 1.0, "level"), (3, 10, 0.0, "level"),
-     (2.0, 10, 0.95, "integer")],
+    [
+        (0, 0, 0.95, "n must be positive"),
+        (11, 10, 0.95, r"\[0, n\]"),
+        (-1, 10, 0.95, "non-negative"),
+        (3, 10, 1.0, "level"),
+        (3, 10, 0.0, "level"),
+        (2.0, 10, 0.95, "integer"),
+    ],
 )
 def test_wilson_rejects_bad_input(k, n, level, match):
     with pytest.raises(ValueError, match=match):
@@ -196,7 +206,8 @@ def exact_signed_rank_p(diffs):
     total = n * (n + 1) // 2
     stat = min(w_plus, total - w_plus)
     count = sum(
-        1 for signs in itertools.product([0, 1], repeat=n)
+        1
+        for signs in itertools.product([0, 1], repeat=n)
         if sum(r for r, s in zip(range(1, n + 1), signs) if s) <= stat
     )
     return stat, min(1.0, 2 * count / 2**n)
@@ -300,9 +311,7 @@ def test_line_residuals_reproduce_table7():
 
 
 def test_line_residual_sign():
-    frame = pd.DataFrame(
-        {"name": ["above", "below"], "reuse_rate": [0.5, 0.5], "accuracy": [0.9, 0.6]}
-    )
+    frame = pd.DataFrame({"name": ["above", "below"], "reuse_rate": [0.5, 0.5], "accuracy": [0.9, 0.6]})
     out = line_residuals(frame, 0.8, 0.6, 1.0)  # line(0.5) = 0.7
     assert out.loc[0, "residual"] == pytest.approx(0.2)
     assert out.loc[1, "residual"] == pytest.approx(-0.1)
@@ -323,9 +332,7 @@ def test_line_residuals_errors():
 def tidy(columns: dict[str, list[bool]]) -> pd.DataFrame:
     """Tidy records from {condition: per-item correctness}, item ids 0..n-1."""
     rows = [
-        {"item_id": i, "condition": cond, "correct": v}
-        for cond, vals in columns.items()
-        for i, v in enumerate(vals)
+        {"item_id": i, "condition": cond, "correct": v} for cond, vals in columns.items() for i, v in enumerate(vals)
     ]
     return pd.DataFrame(rows)
 
@@ -338,8 +345,14 @@ BCR_COL = [True, True, True, True, True, True, False, True]  # BCR-only: 4; Dens
 def test_paired_table_known_splits():
     table = paired_table(tidy({"kvcomm": KV_COL, "dense": DENSE_COL, "bcr": BCR_COL}), "dense")
     assert list(table.columns) == [
-        "condition", "n", "accuracy", "wilson_lo", "wilson_hi", "only_reference_right", "only_condition_right",
-        "p_exact"
+        "condition",
+        "n",
+        "accuracy",
+        "wilson_lo",
+        "wilson_hi",
+        "only_reference_right",
+        "only_condition_right",
+        "p_exact",
     ]
     assert table["condition"].tolist() == ["dense", "kvcomm", "bcr"]
     assert table["n"].tolist() == [8, 8, 8]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bcr_core import scorers, synthetic
+from bcr_core.data import benchmarks, synthetic
 
 
 def test_reproducible_for_a_seed():
@@ -41,24 +41,32 @@ def test_n_records_controls_the_list_length():
 
 
 def test_measured_accuracy_is_recorded_for_the_default():
-    runs = [r for r in synthetic.MEASURED_DENSE["runs"]
-            if r["n_records"] == synthetic.DEFAULT_N_RECORDS and "note" not in r]
+    runs = [
+        r for r in synthetic.MEASURED_DENSE["runs"] if r["n_records"] == synthetic.DEFAULT_N_RECORDS and "note" not in r
+    ]
     assert runs and all(r["n"] >= 50 and 0.5 <= r["accuracy"] < 1.0 for r in runs)
 
 
-ITEM = {"id": "t", "question": "...", "answer": "Tokyo",
-        "records": [["city", "Tokyo"], ["pet", "cat"], ["age", "42"], ["room", "420"]]}
+ITEM = {
+    "id": "t",
+    "question": "...",
+    "answer": "Tokyo",
+    "records": [["city", "Tokyo"], ["pet", "cat"], ["age", "42"], ["room", "420"]],
+}
 
 
-@pytest.mark.parametrize("text, correct, pred", [
-    ("Tokyo", True, "Tokyo"),
-    ("Maria lives in tokyo.", True, "Tokyo"),
-    ("The answer is **Tokyo**, I think.", True, "Tokyo"),
-    ("Maria's pet is a cat. She lives in Tokyo.", False, "cat"),  # another value named first
-    ("She lives in Kyoto.", False, None),
-    ("Tokyoite", False, None),
-    ("Room 4200", False, None),
-])
+@pytest.mark.parametrize(
+    "text, correct, pred",
+    [
+        ("Tokyo", True, "Tokyo"),
+        ("Maria lives in tokyo.", True, "Tokyo"),
+        ("The answer is **Tokyo**, I think.", True, "Tokyo"),
+        ("Maria's pet is a cat. She lives in Tokyo.", False, "cat"),  # another value named first
+        ("She lives in Kyoto.", False, None),
+        ("Tokyoite", False, None),
+        ("Room 4200", False, None),
+    ],
+)
 def test_scorer(text, correct, pred):
     result = synthetic.score_answer(text, ITEM)
     assert result["correct"] is correct and result["pred"] == pred
@@ -72,5 +80,5 @@ def test_numbers_match_whole_words_only():
 
 def test_dispatcher_scores_synthetic():
     item = synthetic.make_items(1, seed=0)[0]
-    assert scorers.score("synthetic", f"It is {item['answer']}.", item)["correct"]
-    assert not scorers.score("synthetic", "No idea.", item)["correct"]
+    assert benchmarks.score("synthetic", f"It is {item['answer']}.", item)["correct"]
+    assert not benchmarks.score("synthetic", "No idea.", item)["correct"]

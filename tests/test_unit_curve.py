@@ -1,13 +1,18 @@
 """The unit-of-choice probe on the tiny model."""
 
-import json
-
 import pytest
 import torch
 
-from bcr_core.cli import main
-from bcr_core.unit_curve import (UnitCurveConfig, attention_outputs, build_case, default_texts, predicted_caches,
-                                 read_prompts, summarize_curve, unit_curve)
+from bcr_core.experiments.unit_curve import (
+    UnitCurveConfig,
+    attention_outputs,
+    build_case,
+    default_texts,
+    predicted_caches,
+    read_prompts,
+    summarize_curve,
+    unit_curve,
+)
 
 CONFIG = UnitCurveConfig(segment_tokens=96, units=(1, 16, 96), seeds=(0, 1))
 

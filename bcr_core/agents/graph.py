@@ -1,0 +1,48 @@
+"""The FullConnected topology: agents 1..N as a DAG i -> j for i < j, plus a FinalRefer node
+fed by every agent (DESIGN §3). Agent j's user turn carries the task and agents 1..j-1's
+outputs; the final node's carries the task and all N outputs, so the task is prefilled N + 1
+times and agent i's output N - i + 1 times.
+"""
+
+from __future__ import annotations
+
+from bcr_core.data import benchmarks
+from bcr_core.data.roles import RoleSet
+from bcr_core.reuse.prompts import QUESTION, Template, agent_placeholder
+
+MIN_AGENTS, MAX_AGENTS = 2, 5
+FINAL = "final"
+
+
+def user_turn(predecessors: list[tuple[int, str]], instruction: str) -> str:
+    text = "Task:\n{" + QUESTION + "}\n"
+    if predecessors:
+        text += "\nAnswers from the other agents:\n"
+        for i, role in predecessors:
+            text += f"\nAgent {i} ({role}):\n{{{agent_placeholder(i)}}}\n"
+    return text + "\n" + instruction
+
+
+def full_connected(benchmark: str, n_agents: int, pinned: str | None = None) -> list[Template]:
+    """The templates of one request, in execution order (agents 1..N, then the final node)."""
+    if not MIN_AGENTS <= n_agents <= MAX_AGENTS:
+        raise ValueError(f"agent count must be between {MIN_AGENTS} and {MAX_AGENTS}, got {n_agents}")
+    roles = benchmarks.get(benchmark).roles
+    names = assign_roles(roles, n_agents, pinned)
+    templates = []
+    for j, role in enumerate(names, start=1):
+        predecessors = list(enumerate(names[: j - 1], start=1))
+        templates.append(Template(f"agent_{j}", role, roles.roles[role], user_turn(predecessors, roles.instruction)))
+    every = list(enumerate(names, start=1))
+    templates.append(Template(FINAL, "FinalRefer", roles.final, user_turn(every, roles.final_instruction)))
+    return templates
+
+
+def assign_roles(roles: RoleSet, n_agents: int, pinned: str | None) -> list[str]:
+    """Roles cycle over the agents, or every agent gets the pinned role."""
+    if pinned is not None:
+        if pinned not in roles.roles:
+            raise ValueError(f"unknown role {pinned!r}; this benchmark's roles: {', '.join(roles.roles)}")
+        return [pinned] * n_agents
+    cycle = list(roles.roles)
+    return [cycle[i % len(cycle)] for i in range(n_agents)]

@@ -1,0 +1,73 @@
+"""The benchmark registry: for each benchmark, where its items come from, the text of the shared
+task segment, how an answer is graded, and the agents' roles. Every list of benchmarks in the
+package (the CLI's choices, notebook parameters, grids) reads `NAMES`.
+
+The question segment (`{user_question}`) is what every agent reads and what KVComm reuses, so
+everything the item gives the agents goes into it: an MMLU question with its lettered options,
+a HumanEval function stub, a synthetic record list with its question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bcr_core.data import datasets, grading, roles, synthetic
+from bcr_core.data.roles import RoleSet
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    load: Callable[..., list[dict]]  # every item, in the fixed order every condition sees
+    question: Callable[[dict], str]  # the text of the shared task segment
+    grade: Callable[[str, dict], dict]  # an answer's verdict: `correct`, `pred`, ...
+    roles: RoleSet
+
+
+def mmlu_question(item: dict) -> str:
+    options = "\n".join(f"{letter}) {choice}" for letter, choice in zip(grading.LETTERS, item["choices"]))
+    return f"{item['question']}\n{options}"
+
+
+REGISTRY = {
+    b.name: b
+    for b in (
+        Benchmark("gsm8k", datasets.load_gsm8k, lambda item: item["question"], grading.score_gsm8k, roles.GSM8K),
+        Benchmark("mmlu", datasets.load_mmlu, mmlu_question, grading.score_mmlu, roles.MMLU),
+        Benchmark(
+            "humaneval", datasets.load_humaneval, lambda item: item["prompt"], grading.score_humaneval, roles.HUMANEVAL
+        ),
+        Benchmark(
+            "synthetic", synthetic.make_items, lambda item: item["question"], synthetic.score_answer, roles.SYNTHETIC
+        ),
+    )
+}
+NAMES = tuple(REGISTRY)
+
+
+def get(name: str) -> Benchmark:
+    try:
+        return REGISTRY[name.strip().lower()]
+    except KeyError:
+        raise ValueError(f"unknown benchmark {name!r}; known benchmarks: {', '.join(sorted(NAMES))}") from None
+
+
+def load_items(benchmark: str, n: int | None = None, **options) -> list[dict]:
+    """The first n items of a benchmark, in the fixed order every condition sees."""
+    if get(benchmark).name == "synthetic":
+        options.setdefault("n", n or 100)
+    items = get(benchmark).load(**options)
+    if n is not None and n > len(items):
+        raise ValueError(f"--n {n} exceeds the {len(items)} items of {benchmark}")
+    return items[:n]
+
+
+def question_text(benchmark: str, item: dict) -> str:
+    return get(benchmark).question(item)
+
+
+def score(benchmark: str, text: str, item: dict, **options) -> dict:
+    """The grader's verdict plus `answer`, the extracted answer (for Dense-agreement by answer)."""
+    verdict = get(benchmark).grade(text, item, **options)
+    return verdict | {"answer": verdict.get("pred")}

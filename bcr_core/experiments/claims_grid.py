@@ -1,0 +1,215 @@
+"""The headline grid of the claims (issue 10): reading its runs (full or compact records, `.jsonl`
+or `.jsonl.gz`; conditions from several folders on the same items pair by item id), the compact
+records committed under `results/claims/`, its table, and running all of it afresh on any model.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bcr_core.experiments.claims import find, paired, reuse_calls
+from bcr_core.experiments.runner import read_jsonl
+from bcr_core.experiments.stats import paired_split, wilcoxon, wilson_ci
+from bcr_core.experiments.summary import with_agreement
+
+ID_LISTS = ("served_ids", "dense_ids", "merged_ids", "repaired_rows")
+
+
+# ------------------------------------------------------------------------------- records
+def read_records(path: Path) -> list[dict]:
+    """A JSONL file, or its `.gz` twin when only that exists."""
+    path = Path(path)
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    if path.suffix != ".gz":
+        return read_jsonl(path)  # a run still being written may end in a torn line
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_runs(folder) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Items and calls of every run folder (one holding `cell.json`) under `folder`. Each
+    comparison pairs its own conditions by item id (`paired`), so folders may hold different items."""
+    items, calls = [], []
+    for settings in sorted(Path(folder).rglob("cell.json")):
+        run = settings.parent.relative_to(folder).as_posix()
+        items += [r | {"run": run} for r in read_records(settings.parent / "items.jsonl")]
+        calls += [c for c in read_records(settings.parent / "calls.jsonl")]
+    if not items:
+        raise ValueError(f"no run records under {folder}")
+    items = pd.DataFrame(items)
+    twice = items.groupby(["condition", "item_id"])["run"].unique().map(len) > 1
+    if twice.any():
+        condition, item = twice[twice].index[0]
+        raise ValueError(
+            f"{folder} holds {condition} on item {item} in more than one run "
+            f"({', '.join(items[(items.condition == condition) & (items.item_id == item)]['run'])}): "
+            "point it at one grid's runs"
+        )
+    return items, pd.DataFrame(calls)
+
+
+def compact_call(call: dict) -> dict:
+    """A call record without its id lists (the compact form committed under results/): what the
+    tables need stays (cached rows, whether the two tokenizations matched, rows repaired)."""
+    out = {k: v for k, v in call.items() if k not in ID_LISTS}
+    out["cached_rows"] = len(call["merged_ids"]) - 1
+    out["ids_match"] = call["dense_ids"] == call["merged_ids"]
+    return out
+
+
+def export_compact(run: Path, target: Path) -> int:
+    """Write a run folder's records in compact form (gzip) beside its settings; returns items written."""
+    target.mkdir(parents=True, exist_ok=True)
+    items = read_records(run / "items.jsonl")
+    calls = read_records(run / "calls.jsonl")
+    (target / "cell.json").write_text((run / "cell.json").read_text())
+    for name, rows in (("items.jsonl.gz", items), ("calls.jsonl.gz", [compact_call(c) for c in calls])):
+        with gzip.open(target / name, "wt", compresslevel=9) as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return len(items)
+
+
+# ------------------------------------------------------------------------------- the grid's table
+def grid_table(
+    items: pd.DataFrame, calls: pd.DataFrame, conditions: list[str], reference: str = "kvcomm", dense: str = "dense"
+) -> pd.DataFrame:
+    """Per condition, on the items every one of `conditions` finished: accuracy (Wilson 95%),
+    Dense-agreement, per-call first-token agreement and KL on the condition's reuse calls, rows
+    repaired and wasted per call, calls skipped, and the paired split against `reference` with
+    exact p (and a Wilcoxon p on the per-call KL of calls both served from cache)."""
+    recorded = list(dict.fromkeys(items["condition"]))
+    conditions = [find(recorded, c) for c in conditions]
+    reference, dense = find(recorded, reference), find(recorded, dense)
+    hit = paired(items, "correct", *conditions).astype(bool)
+    items = with_agreement(items[items["item_id"].isin(hit.index)], dense)
+    calls = calls[calls["item_id"].isin(hit.index)]
+    rows = []
+    for c in conditions:
+        mine_calls = calls[calls["condition"] == c]
+        reused = mine_calls[mine_calls["mode"] == "reuse"]
+        fid = [f for f in reused["fidelity"] if f]
+        k, n = int(hit[c].sum()), len(hit)
+        lo, hi = wilson_ci(k, n)
+        row = {
+            "condition": c,
+            "n": n,
+            "accuracy": k / n,
+            "wilson_lo": lo,
+            "wilson_hi": hi,
+            "agrees_dense": float(items[items["condition"] == c]["agrees_dense"].astype(float).mean()),
+            "reuse_rate": float(items[items["condition"] == c]["reuse_rate"].mean()),
+            "reuse_calls": len(reused),
+            "first_token_agree": float(np.mean([f["first_token_agree"] for f in fid])) if fid else np.nan,
+            "kl_mean": float(np.mean([f["kl"] for f in fid])) if fid else np.nan,
+            "rows_per_call": float(mine_calls["rows_recomputed"].mean()),
+            "rows_wasted_per_call": float(mine_calls["rows_wasted"].mean()) if "rows_wasted" in mine_calls else np.nan,
+            "skipped_calls": int(mine_calls["skipped"].sum()) if "skipped" in mine_calls else 0,
+        }
+        if c != reference and reference in hit:
+            row |= paired_split(hit[reference], hit[c])
+            pair = reuse_calls(calls, c, reference) if len(reused) else pd.DataFrame()
+            row["kl_p_vs_reference"] = wilcoxon(pair["kl_a"], pair["kl_b"])["p"] if len(pair) else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------- the grid itself
+@dataclass(frozen=True)
+class ClaimsGrid:
+    """The headline grid of issue 10 and the runs its other claims read. Chunks of 16 rows on the
+    CPU-sized synthetic prompts (~110-250 cached rows) keep about as many chunks per call as the
+    paper's 64-row chunks on its ~1000-row GSM8K prompts, and let Algorithm 1 repair at all
+    (with B = 64 every call is under rho M = 64 and skipped); every repair condition carries the
+    same B so the skip rule skips the same calls for all of them."""
+
+    benchmark: str = "synthetic"
+    agents: int = 3
+    n: int = 200
+    max_new_tokens: int = 8
+    chunk: int = 16
+    seeds: tuple[int, ...] = (0, 1, 2)
+    gammas: tuple[float, ...] = (0.5, 1.0)
+    theta: float = 0.5
+    item_seed: int = 0
+
+    def label(self, name: str, **options) -> str:
+        text = ",".join([f"chunk={self.chunk}"] + [f"{k}={v}" for k, v in options.items()])
+        return f"{name}:{text}"
+
+    @property
+    def bcr(self) -> str:
+        return self.label("bcr-chunk")
+
+    @property
+    def cacheblend(self) -> str:
+        return self.label("cacheblend-cost")
+
+    def main(self) -> list[str]:
+        coins = lambda name, **o: [self.label(name, **o, seed=s) for s in self.seeds]  # noqa: E731
+        return [
+            "dense",
+            "token-matched-dense",
+            "kvcomm",
+            self.bcr,
+            *coins("coin-chunk"),
+            self.label("bcr-chunk", rank="predicted"),
+            *coins("coin-chunk", rank="predicted"),
+            self.label("bcr-single"),
+            *coins("coin-single"),
+            self.cacheblend,
+        ]
+
+    def gate(self) -> list[str]:
+        return [f"kvcomm@{g:g}" for g in self.gammas] + [f"opengate@{self.theta:g}"]
+
+    def cell(self, conditions: list[str], fidelity: bool):
+        from bcr_core.experiments.runner import Cell
+
+        return Cell(
+            self.benchmark,
+            self.agents,
+            tuple(conditions),
+            self.n,
+            self.max_new_tokens,
+            extra={"seed": self.item_seed} if self.benchmark == "synthetic" else {},
+            fidelity=fidelity,
+        )
+
+
+def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progress: bool = True) -> Path:
+    """Every run the verdicts read, on `bb`, into `out` (resumable like any `bcr run`): the main
+    cell with fidelity, the gate sweep, the unit curve (per-prompt records) and `bcr verify`."""
+    from bcr_core.experiments.runner import run_cell
+    from bcr_core.experiments.unit_curve import UnitCurveConfig, default_texts, unit_curve
+    from bcr_core.experiments.verify import verify
+
+    out = Path(out)
+    run_cell(bb, grid.cell(grid.main(), fidelity=True), out / "main", progress=progress, batch=batch)
+    run_cell(bb, grid.cell(grid.gate(), fidelity=False), out / "gate", progress=progress, batch=batch)
+    curve_path = out / "unit_curve.csv"
+    if not curve_path.exists():
+        config = unit_config or UnitCurveConfig(segment_tokens=512, units=(1, 16, 64, 256))
+        unit_curve(bb, default_texts(), config, progress=progress).to_csv(curve_path, index=False)
+    (out / "verify.json").write_text(json.dumps(verify(bb).to_dict(), indent=2))
+    return out
+
+
+def load_claims(folder) -> dict:
+    """Everything the verdicts read from a folder `run_fresh` (or the committed results) wrote."""
+    folder = Path(folder)
+    items, calls = load_runs(folder)
+    curve = folder / "unit_curve.csv"
+    report = folder / "verify.json"
+    return {
+        "items": items,
+        "calls": calls,
+        "curve": pd.read_csv(curve) if curve.exists() else None,
+        "verify": json.loads(report.read_text()) if report.exists() else None,
+    }

@@ -1,0 +1,360 @@
+"""Grids: many `bcr run` cells named in one TOML file, run in this process or on Ray.
+
+A grid file has a `[defaults]` table (any `bcr run` setting) and one `[cells.NAME]` table per cell
+overriding it. Each cell runs into `DIR/NAME/` exactly as `bcr run --out DIR/NAME` would write it
+(same records, same resume, same summary.csv), so a cell can be inspected, resumed or rerun on its
+own. The executors only decide where cells run:
+
+- in this process, one cell after another (the default; nothing else to install or start);
+- on Ray, one task per cell (`--ray` starts a local instance for the run, `--ray ADDRESS` joins a
+  cluster). The task writes the records itself, to DIR (shared storage on a cluster), and the
+  driver only watches DIR, so it holds no results; a task that dies is reported, and the next
+  invocation reruns its cell, resuming its items.
+
+The whole file is checked before any work, and the combined table is built from DIR alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bcr_core.agents.graph import full_connected
+from bcr_core.data.benchmarks import NAMES as BENCHMARKS
+from bcr_core.engine.models import CONFIG_PREFIX, DEFAULT_MODEL
+from bcr_core.experiments.conditions import parse, split_conditions
+from bcr_core.experiments.runner import Cell, check_folder, make_cell, read_jsonl, run_cell
+from bcr_core.experiments.summary import summarize
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
+
+
+class GridError(ValueError):
+    """A grid file that cannot run; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    kind: str  # "int", "str", "bool", "ints" (a list of integers) or "conditions"
+    default: object = None
+    required: bool = False
+
+
+# Every `bcr run` setting a grid file may give, with `bcr run`'s defaults.
+SETTINGS = {
+    "benchmark": Setting("str", required=True),
+    "agents": Setting("int", 3),
+    "conditions": Setting("conditions", required=True),
+    "n": Setting("int", required=True),
+    "max_new_tokens": Setting("int", 512),
+    "seeds": Setting("ints"),
+    "model": Setting("str", DEFAULT_MODEL),
+    "pinned": Setting("str"),
+    "reference": Setting("str"),
+    "item_seed": Setting("int", 0),
+    "batch": Setting("int", 1),
+    "fidelity": Setting("bool", False),
+}
+EXPECTED = {
+    "int": "an integer",
+    "str": "a string",
+    "bool": "true or false",
+    "ints": "a list of integers",
+    "conditions": "a list of condition strings (or one comma-separated string)",
+}
+
+
+@dataclass(frozen=True)
+class GridCell:
+    """One cell of a grid: its folder name, the runner's cell, and how to run it."""
+
+    name: str
+    cell: Cell
+    batch: int = 1
+    load: str = DEFAULT_MODEL  # the model name to load: `cell.model` with a relative path made absolute
+
+    @property
+    def items(self) -> int:
+        """Item records the finished cell holds (one per condition and item)."""
+        return self.cell.n * len(self.cell.conditions)
+
+
+# ---------------------------------------------------------------- reading and checking a grid file
+
+
+def read_grid(path: Path, model: str = DEFAULT_MODEL) -> list[GridCell]:
+    """The cells of a grid file, every setting checked; `model` is the model of cells whose file
+    names none (`bcr grid --model`). Raises GridError naming the file and the key."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise GridError(f"{path}: cannot read the grid file: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        twice = re.match(r"Cannot declare \('cells', '(.+)'\) twice", str(err))
+        if twice:
+            raise GridError(f"{path}: cells.{twice.group(1)}: declared twice; cell names must be unique") from None
+        raise GridError(f"{path}: not valid TOML: {err}") from None
+    for key in data:
+        if key not in ("defaults", "cells"):
+            raise GridError(f"{path}: {key}: unknown key; a grid file holds a [defaults] table and [cells.NAME] tables")
+    defaults = table(path, data.get("defaults", {}), "defaults")
+    cells = table(path, data.get("cells"), "cells") if "cells" in data else {}
+    if not cells:
+        raise GridError(f"{path}: cells: no cells; add one [cells.NAME] table per cell")
+    checked = check_settings(path, defaults, "defaults")
+    grid, folders = [], {}
+    for name, settings in cells.items():
+        where = f"cells.{name}"
+        if not NAME.fullmatch(name):
+            raise GridError(
+                f"{path}: {where}: a cell name is its folder's name: letters, digits, '_', '.', '-', "
+                "starting with a letter or digit"
+            )
+        if name.lower() in folders:
+            raise GridError(f"{path}: {where}: same folder as cells.{folders[name.lower()]} on a case-blind disk")
+        folders[name.lower()] = name
+        own = check_settings(path, table(path, settings, where), where)
+        grid.append(grid_cell(path, name, checked, own, model))
+    return grid
+
+
+def table(path: Path, value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise GridError(f"{path}: {where}: expected a table, got {shown(value)}")
+    return value
+
+
+def shown(value) -> str:
+    return json.dumps(value, default=str)
+
+
+def check_settings(path: Path, settings: dict, where: str) -> dict:
+    """Each setting's type (and its value where it can be checked alone), conditions as a list."""
+    out = {}
+    for key, value in settings.items():
+        if key not in SETTINGS:
+            raise GridError(f"{path}: {where}.{key}: unknown setting; the settings: {', '.join(SETTINGS)}")
+        out[key] = check_value(path, f"{where}.{key}", SETTINGS[key].kind, value)
+    return out
+
+
+def check_value(path: Path, key: str, kind: str, value):
+    def wrong():
+        return GridError(f"{path}: {key}: expected {EXPECTED[kind]}, got {shown(value)}")
+
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong()
+        if value < 0 or (value == 0 and not key.endswith("item_seed")):
+            raise GridError(f"{path}: {key}: expected a positive integer, got {value}")
+    elif kind == "str" and not isinstance(value, str):
+        raise wrong()
+    elif kind == "bool" and not isinstance(value, bool):
+        raise wrong()
+    elif kind == "ints" and not (
+        isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise wrong()
+    elif kind == "conditions":
+        if isinstance(value, str):
+            value = split_conditions(value)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise wrong()
+        value = [piece for spec in value for piece in split_conditions(spec)]
+        if not value:
+            raise GridError(f"{path}: {key}: no conditions")
+        for spec in value:
+            try:
+                parse(spec)
+            except ValueError as err:
+                raise GridError(f"{path}: {key}: {err}") from None
+    if key.endswith(".benchmark") and value not in BENCHMARKS:
+        raise GridError(f"{path}: {key}: unknown benchmark {shown(value)}; known: {', '.join(BENCHMARKS)}")
+    return value
+
+
+def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> GridCell:
+    """A cell's settings (its own over the defaults over `bcr run`'s), checked together."""
+    where = f"cells.{name}"
+    origin = lambda key: f"{where}.{key}" if key in own else f"defaults.{key}"  # noqa: E731
+    settings = {key: s.default for key, s in SETTINGS.items()} | {"model": model} | defaults | own
+    for key, setting in SETTINGS.items():
+        if setting.required and key not in defaults and key not in own:
+            raise GridError(f"{path}: {where}.{key}: missing; set it in [defaults] or in [{where}]")
+    try:
+        full_connected(settings["benchmark"], settings["agents"], settings["pinned"])
+    except ValueError as err:
+        raise GridError(f"{path}: {origin('pinned' if 'role' in str(err) else 'agents')}: {err}") from None
+    conditions = settings["conditions"]
+    if settings["seeds"] and not any(c.startswith("coin-") for c in conditions):
+        raise GridError(
+            f"{path}: {origin('seeds')}: seeds run coin conditions once per seed, and no coin condition "
+            "(coin-chunk, coin-single) is listed"
+        )
+    try:
+        cell = make_cell(
+            settings["benchmark"],
+            settings["agents"],
+            conditions,
+            settings["n"],
+            settings["max_new_tokens"],
+            settings["pinned"],
+            settings["model"],
+            settings["reference"],
+            settings["seeds"],
+            settings["item_seed"],
+            settings["fidelity"],
+        )
+    except ValueError as err:
+        key = "reference" if "--reference" in str(err) else "conditions"
+        raise GridError(f"{path}: {origin(key)}: {str(err).replace('--reference ', 'reference ')}") from None
+    return GridCell(name, cell, settings["batch"], absolute_model(settings["model"]))
+
+
+def absolute_model(model: str) -> str:
+    """A model named by a relative path, made absolute (a Ray worker's working folder is its own);
+    names that are not existing paths (hub ids, `default`) are kept."""
+    prefix = CONFIG_PREFIX if model.startswith(CONFIG_PREFIX) else ""
+    spec = Path(os.path.expanduser(model[len(prefix) :].strip()))
+    return prefix + str(spec.resolve()) if not spec.is_absolute() and spec.exists() else model
+
+
+# ---------------------------------------------------------------- what DIR holds
+
+
+def items_done(grid_cell: GridCell, out: Path) -> int:
+    """Item records of the cell's conditions in DIR/NAME (read from disk, nothing kept)."""
+    records = read_jsonl(Path(out) / grid_cell.name / "items.jsonl")
+    return len({(r["condition"], r["item_id"]) for r in records if r["condition"] in grid_cell.cell.conditions})
+
+
+def is_finished(grid_cell: GridCell, out: Path) -> bool:
+    """Every condition has every item in DIR/NAME/items.jsonl."""
+    return items_done(grid_cell, out) == grid_cell.items
+
+
+def count_lines(path: Path) -> int:
+    """A cheap running count of records for progress (a torn last line may be counted)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
+    """`summarize` of every cell that has records, read from DIR, with the cell's name and whether
+    it is finished in front: per condition accuracy with its interval, Dense-agreement, reuse rate,
+    rows per call, and the paired split against the reference with its exact p."""
+    tables = []
+    for g in grid:
+        records = read_jsonl(Path(out) / g.name / "items.jsonl")
+        if not records:
+            continue
+        items = pd.DataFrame(records)
+        items = items[items["condition"].isin(g.cell.conditions)]
+        summary = summarize(items.sort_values("index", kind="stable"), reference=g.cell.reference)
+        summary.insert(0, "finished", len(items.drop_duplicates(["condition", "item_id"])) == g.items)
+        summary.insert(0, "cell", g.name)
+        tables.append(summary)
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["cell", "finished", "condition"])
+
+
+def write_summary(grid_cell: GridCell, folder: Path, items: pd.DataFrame) -> None:
+    """summary.csv, as `bcr run` writes it."""
+    (folder / "summary.csv").write_text(summarize(items, reference=grid_cell.cell.reference).to_csv(index=False))
+
+
+# ---------------------------------------------------------------- running one cell
+
+_LOADED: dict[str, object] = {}  # the last model loaded in this process, kept for the next cell
+
+
+def backbone(model: str):
+    """The model, loaded once per process while cells keep asking for it."""
+    if model not in _LOADED:
+        from bcr_core.engine.loading import load_backbone
+
+        _LOADED.clear()  # one model at a time: the previous one's memory goes back
+        _LOADED[model] = load_backbone(model)
+    return _LOADED[model]
+
+
+def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item=None) -> int:
+    """Run (or resume) one cell into out/NAME, as `bcr run` would; returns its item records.
+    This is also the Ray task: it writes everything itself and returns only a count."""
+    folder = Path(out) / grid_cell.name
+    items = run_cell(
+        backbone(grid_cell.load),
+        grid_cell.cell,
+        folder,
+        progress=progress,
+        batch=grid_cell.batch,
+        label=grid_cell.name,
+        on_item=on_item,
+    )
+    write_summary(grid_cell, folder, items)
+    return len(items)
+
+
+# ---------------------------------------------------------------- executors
+
+
+def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
+    """The cells still to run; a folder holding another run's records stops the grid before any work."""
+    todo = []
+    for g in grid:
+        try:
+            check_folder(Path(out) / g.name, g.cell)
+        except ValueError as err:
+            raise GridError(f"cell {g.name}: {err}") from None
+        if not is_finished(g, out):
+            todo.append(g)
+    return todo
+
+
+def run_in_process(grid: list[GridCell], out: Path, progress: bool = True) -> list[str]:
+    """Every unfinished cell, one after another in this process (one bar per running cell and one
+    for the grid's items); returns the names of cells that failed, each reported on stderr."""
+    from tqdm.auto import tqdm
+
+    todo = check_folders(grid, out)
+    total = sum(g.items for g in grid)
+    overall = tqdm(total=total, initial=sum(items_done(g, out) for g in grid), desc="grid items", disable=not progress)
+    failed = []
+    for g in todo:
+        try:
+            run_grid_cell(g, str(out), progress=progress, on_item=lambda: overall.update(1))
+        except ValueError as err:  # ModelError and AssetError are ValueErrors: the cell cannot run, the rest can
+            print(f"bcr grid: cell {g.name} failed: {err}", file=sys.stderr)
+            failed.append(g.name)
+    overall.close()
+    return failed
+
+
+def lock_holder(folder: Path) -> str | None:
+    """The pid in a run folder's lock (its task is writing there), or None."""
+    try:
+        return (folder / ".lock").read_text().strip()
+    except OSError:
+        return None
+
+
+def run_grid(
+    grid: list[GridCell], out: Path, ray: str | None = None, progress: bool = True, quiet: bool = False
+) -> list[str]:
+    """Run every unfinished cell in this process (`ray` None) or on Ray (`ray` LOCAL or an address)."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if ray is None:
+        return run_in_process(grid, out, progress=progress)
+    from bcr_core.experiments.grid_ray import run_on_ray  # imports this module: loaded when asked for
+
+    return run_on_ray(grid, out, ray, quiet=quiet)

@@ -1,0 +1,312 @@
+"""Paired statistics for the BCR reproduction (paper §4, "The statistical protocol").
+
+Every comparison in the paper is paired: two conditions run the same items, and the
+discordant split b/c is reported before any p-value, with p from an exact two-sided
+McNemar test. Accuracies carry Wilson 95% intervals; continuous per-item or per-call
+measurements use a paired t-test or a Wilcoxon signed-rank test. Repeated cells (the
+same items re-run under several agent counts) are never pooled into one test, so
+`paired_table` refuses records where an (item, condition) pair appears more than once.
+
+All probability machinery comes from `scipy.stats`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+__all__ = [
+    "mcnemar_exact",
+    "wilson_ci",
+    "paired_t",
+    "wilcoxon",
+    "discordant",
+    "reuse_accuracy_line",
+    "line_residuals",
+    "paired_split",
+    "paired_table",
+]
+
+
+# ---------------------------------------------------------------- validation helpers
+
+
+def _count(name: str, value: object) -> int:
+    """Return `value` as a non-negative int, or raise ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}")
+    return int(value)
+
+
+def _paired_numeric(x: Iterable[float], y: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Convert two paired samples to 1-D float arrays of equal length without NaNs."""
+    xa = np.asarray(x, dtype=float).ravel()
+    ya = np.asarray(y, dtype=float).ravel()
+    if xa.shape != ya.shape:
+        raise ValueError(f"paired samples must have equal length, got {xa.size} and {ya.size}")
+    if np.isnan(xa).any() or np.isnan(ya).any():
+        raise ValueError("paired samples must not contain NaN")
+    return xa, ya
+
+
+def _paired_bool(a: Iterable[object], b: Iterable[object]) -> tuple[np.ndarray, np.ndarray]:
+    """Convert two paired correctness vectors to boolean arrays of equal length.
+
+    Accepts booleans or the integers 0/1; anything else (NaN, 2, "yes") is an error.
+    """
+    out = []
+    for label, values in (("first", a), ("second", b)):
+        arr = np.asarray(values, dtype=object).ravel()
+        bad = [v for v in arr if not (isinstance(v, (bool, np.bool_)) or v in (0, 1))]
+        if bad:
+            raise ValueError(f"{label} array must be boolean (or 0/1), found e.g. {bad[0]!r}")
+        out.append(arr.astype(bool))
+    if out[0].shape != out[1].shape:
+        raise ValueError(f"paired arrays must have equal length, got {out[0].size} and {out[1].size}")
+    return out[0], out[1]
+
+
+# ---------------------------------------------------------------- tests on counts
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value on the discordant split b/c.
+
+    Under H0 each discordant item is equally likely to fall either way, so b is
+    Binomial(b + c, 0.5); p is scipy's two-sided exact binomial test of b. With no
+    discordant items (b + c == 0) there is no evidence either way and p = 1.0.
+    """
+    b = _count("b", b)
+    c = _count("c", c)
+    if b + c == 0:
+        return 1.0
+    return float(stats.binomtest(b, b + c, p=0.5, alternative="two-sided").pvalue)
+
+
+def wilson_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for k successes out of n, as fractions in [0, 1]."""
+    k = _count("k", k)
+    n = _count("n", n)
+    if n == 0:
+        raise ValueError("n must be positive: a Wilson interval needs at least one trial")
+    if k > n:
+        raise ValueError(f"k must lie in [0, n], got k={k}, n={n}")
+    if not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=float(level), method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+# ---------------------------------------------------------------- tests on paired values
+
+
+def paired_t(x: Iterable[float], y: Iterable[float]) -> dict:
+    """Paired t-test of x against y (scipy.stats.ttest_rel).
+
+    Returns {"mean_diff": mean(x - y), "t", "p", "n"}, n the number of pairs.
+    If every difference is exactly zero there is nothing to test: t = 0.0, p = 1.0.
+    Non-zero but constant differences have zero variance; t and p are then scipy's
+    degenerate values (inf and 0.0).
+    """
+    xa, ya = _paired_numeric(x, y)
+    n = int(xa.size)
+    if n < 2:
+        raise ValueError(f"a paired t-test needs at least 2 pairs, got {n}")
+    diff = xa - ya
+    if not diff.any():
+        return {"mean_diff": 0.0, "t": 0.0, "p": 1.0, "n": n}
+    res = stats.ttest_rel(xa, ya)
+    return {"mean_diff": float(diff.mean()), "t": float(res.statistic), "p": float(res.pvalue), "n": n}
+
+
+def wilcoxon(x: Iterable[float], y: Iterable[float]) -> dict:
+    """Wilcoxon signed-rank test of x against y (scipy.stats.wilcoxon, two-sided).
+
+    Returns {"statistic", "p", "n"}, n the number of pairs (zero differences are
+    dropped by scipy's default zero_method). All-zero differences give statistic 0.0
+    and p = 1.0 instead of scipy's warning.
+    """
+    xa, ya = _paired_numeric(x, y)
+    n = int(xa.size)
+    if n == 0:
+        raise ValueError("a Wilcoxon test needs at least 1 pair, got 0")
+    if not (xa - ya).any():
+        return {"statistic": 0.0, "p": 1.0, "n": n}
+    res = stats.wilcoxon(xa, ya)
+    return {"statistic": float(res.statistic), "p": float(res.pvalue), "n": n}
+
+
+def discordant(a: Iterable[object], b: Iterable[object]) -> tuple[int, int]:
+    """Discordant split (b, c) of two paired correctness vectors.
+
+    `a` is the first-named condition, `b` the second, item i in both at position i.
+    Returned b counts items the FIRST condition gets right and the second gets wrong;
+    returned c counts items the first gets wrong and the second right (paper §4).
+    """
+    first, second = _paired_bool(a, b)
+    return int(np.sum(first & ~second)), int(np.sum(~first & second))
+
+
+# ---------------------------------------------------------------- Equation 3
+
+
+def reuse_accuracy_line(dense_acc: float, reuse_acc: float, reuse_rate: float) -> Callable[[float], float | np.ndarray]:
+    """The reuse-accuracy line of Equation 3 (paper §4.1, bcr-paper.txt line 217).
+
+    The paper draws the line through Dense at reuse 0 and unmodified KVComm at its
+    realised reuse rate (0.600 in Table 7), not at reuse 1:
+    slope = (85.3 - 75.3) / 0.600 = 16.7, so accuracy(%) = 85.3 - 16.7 x reuse rate.
+    In general, with r_K = `reuse_rate` (the reuse endpoint's realised reuse rate):
+
+        acc(r) = dense_acc - (dense_acc - reuse_acc) / r_K * r
+
+    so acc(0) = dense_acc and acc(r_K) = reuse_acc. Accuracies may be percent or
+    fractions; the line keeps whatever unit it is given. Returns a function of r
+    that accepts a scalar or an array.
+    """
+    dense = float(dense_acc)
+    reuse = float(reuse_acc)
+    r_k = float(reuse_rate)
+    if not 0.0 < r_k <= 1.0:
+        raise ValueError(
+            f"reuse_rate (the reuse endpoint's realised reuse rate) must lie in (0, 1], got {reuse_rate!r}"
+        )
+    slope = (dense - reuse) / r_k
+
+    def line(r: float | np.ndarray) -> float | np.ndarray:
+        """Accuracy Equation 3 predicts at reuse rate r."""
+        pred = dense - slope * np.asarray(r, dtype=float)
+        return float(pred) if pred.ndim == 0 else pred
+
+    line.slope = slope  # type: ignore[attr-defined]
+    return line
+
+
+def line_residuals(
+    points: Iterable[Sequence[object]] | pd.DataFrame,
+    dense_acc: float,
+    reuse_acc: float,
+    reuse_rate: float,
+) -> pd.DataFrame:
+    """Equation 3's prediction and residual for (name, reuse_rate, accuracy) points.
+
+    `points` is an iterable of (name, reuse_rate, accuracy) triples or a DataFrame
+    with those three columns. The line is `reuse_accuracy_line(dense_acc, reuse_acc,
+    reuse_rate)`; residual = accuracy - prediction, so a positive residual is
+    accuracy earned beyond the line (Table 7's "resid.").
+    Columns: name, reuse_rate, accuracy, prediction, residual.
+    """
+    line = reuse_accuracy_line(dense_acc, reuse_acc, reuse_rate)
+    cols = ["name", "reuse_rate", "accuracy"]
+    if isinstance(points, pd.DataFrame):
+        missing = [col for col in cols if col not in points.columns]
+        if missing:
+            raise ValueError(f"points frame lacks columns {missing}")
+        frame = points[cols].reset_index(drop=True).copy()
+    else:
+        rows = [tuple(p) for p in points]
+        if any(len(row) != 3 for row in rows):
+            raise ValueError("each point must be a (name, reuse_rate, accuracy) triple")
+        frame = pd.DataFrame(rows, columns=cols)
+    frame["reuse_rate"] = frame["reuse_rate"].astype(float)
+    frame["accuracy"] = frame["accuracy"].astype(float)
+    if ((frame["reuse_rate"] < 0) | (frame["reuse_rate"] > 1)).any():
+        raise ValueError("every point's reuse_rate must lie in [0, 1]")
+    frame["prediction"] = line(frame["reuse_rate"].to_numpy())
+    frame["residual"] = frame["accuracy"] - frame["prediction"]
+    return frame
+
+
+# ---------------------------------------------------------------- paired table
+
+
+def _check_records(records: pd.DataFrame, value: str, item: str, condition: str) -> None:
+    """Raise ValueError unless records has the columns, boolean values and no repeats."""
+    missing = [col for col in (value, item, condition) if col not in records.columns]
+    if missing:
+        raise ValueError(f"records lack columns {missing}")
+    if records[[item, condition]].isna().any().any():
+        raise ValueError(f"records have missing {item!r} or {condition!r} values")
+    vals = records[value]
+    if vals.isna().any() or not vals.isin([True, False]).all():
+        raise ValueError(f"column {value!r} must be boolean (True/False) with no missing values")
+    dup = records.duplicated(subset=[item, condition], keep=False)
+    if dup.any():
+        example = records.loc[dup, [item, condition]].iloc[0].tolist()
+        raise ValueError(
+            f"{int(dup.sum())} rows repeat an ({item}, {condition}) pair, e.g. {example}; "
+            "repeated cells must not be pooled into one test (paper §4) - "
+            "split the records per cell first"
+        )
+
+
+SPLIT = ("only_reference_right", "only_condition_right")
+
+
+def paired_split(reference: Iterable[object], condition: Iterable[object]) -> dict:
+    """The discordant split of a condition against a reference, named by what each count counts,
+    and its exact McNemar p: the one orientation every table of the lab uses."""
+    only_reference, only_condition = discordant(reference, condition)
+    return {
+        "only_reference_right": only_reference,
+        "only_condition_right": only_condition,
+        "p_exact": mcnemar_exact(only_reference, only_condition),
+    }
+
+
+def paired_table(
+    records: pd.DataFrame,
+    reference: str,
+    value: str = "correct",
+    item: str = "item_id",
+    condition: str = "condition",
+) -> pd.DataFrame:
+    """Compare every condition with `reference` on tidy per-item records.
+
+    `records` holds one row per (item, condition) with a boolean `value` column, and
+    every condition must cover exactly the same items (paired design). One output row
+    per condition, the reference first, then the others in order of first appearance:
+    condition, n, accuracy (fraction), wilson_lo, wilson_hi (95%), only_reference_right,
+    only_condition_right, p_exact.
+
+    `only_reference_right` counts items the reference gets right and the row's condition
+    misses, `only_condition_right` the reverse; p_exact is the exact McNemar test on them.
+    The reference row has no split of its own: its counts are <NA> and p_exact is NaN,
+    like the paper's "-".
+    """
+    _check_records(records, value, item, condition)
+    conds = list(dict.fromkeys(records[condition].tolist()))
+    if reference not in conds:
+        raise ValueError(f"reference condition {reference!r} not in records: {conds}")
+    wide = records.pivot(index=item, columns=condition, values=value)
+    for cond in conds:
+        absent = wide[cond].isna()
+        if absent.any():
+            raise ValueError(
+                f"unpaired records: condition {cond!r} lacks {int(absent.sum())} of the "
+                f"{len(wide)} items, e.g. {item}={wide.index[absent][0]!r}; every "
+                "condition must run the same items"
+            )
+    wide = wide.astype(bool)
+    ref = wide[reference].to_numpy()
+    rows = []
+    for cond in [reference] + [c for c in conds if c != reference]:
+        col = wide[cond].to_numpy()
+        k, n = int(col.sum()), int(col.size)
+        lo, hi = wilson_ci(k, n)
+        if cond == reference:
+            split = {"only_reference_right": pd.NA, "only_condition_right": pd.NA, "p_exact": math.nan}
+        else:
+            split = paired_split(ref, col)
+        rows.append({"condition": cond, "n": n, "accuracy": k / n, "wilson_lo": lo, "wilson_hi": hi} | split)
+    table = pd.DataFrame(rows)
+    for column in SPLIT:
+        table[column] = table[column].astype("Int64")
+    return table

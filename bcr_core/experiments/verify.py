@@ -1,0 +1,105 @@
+"""`bcr verify`: the exactness checks every repair path must pass (paper App. B, "Correctness").
+
+1. Full repair: the prompt's cache computed under a foreign prefix and re-rotated back to
+   position 0 is wrong everywhere past layer 0; recomputing every row (rho = 1) must make greedy
+   generation token-identical to Dense.
+2. Re-rotation round trip: keys moved by +d then -d come back to float tolerance.
+3. Placement: a prefix-free cache moved to offset d matches, at layer 0, a dense prefill of the
+   same tokens behind a d-token prefix (layer 0 depends only on token and position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from bcr_core.engine.backbone import Backbone
+
+DEFAULT_PROMPT = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?"
+)
+FOREIGN_PREFIX = (
+    "The following note was found in a ship's logbook, written by a captain who loved long stories "
+    "about storms, maps and buried treasure. Read it carefully before answering anything.\n"
+)
+MIN_TOKENS_COMPARED = 24
+ROUND_TRIP_SHIFT = 4096
+
+
+@dataclass
+class VerifyReport:
+    model: str
+    full_repair_token_identical: bool
+    tokens_compared: int
+    rerotation_max_abs_err: float
+    rerotation_tolerance: float
+    unrepaired_token_identical: bool  # informational: the corruption should usually change the answer
+    corruption_max_abs_err: float  # how wrong the corrupted cache's values were
+    repair_max_abs_err: float  # fully repaired cache vs the dense one, all layers
+    dense_text: str
+    repaired_text: str
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.full_repair_token_identical
+            and self.tokens_compared >= MIN_TOKENS_COMPARED
+            and self.rerotation_max_abs_err <= self.rerotation_tolerance
+        )
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def rerotation_tolerance(dtype: torch.dtype) -> float:
+    return 1e-3 if dtype == torch.float32 else 5e-2
+
+
+def verify(backbone: Backbone, prompt: str = DEFAULT_PROMPT, new_tokens: int = 32) -> VerifyReport:
+    bb = backbone
+    ids = bb.chat_ids([{"role": "user", "content": prompt}])
+    cached, last = ids[:-1], ids[-1]
+    dense = bb.prefill(cached)
+    under_prefix, d = cache_under_prefix(bb, cached)
+    corrupted = bb.shift(under_prefix, -d)
+    repaired = bb.repair(corrupted, cached, range(len(cached)))
+
+    never_stop = ()
+    reference = bb.generate(dense, last, new_tokens, stop_ids=never_stop).tokens
+    from_repaired = bb.generate(repaired, last, new_tokens, stop_ids=never_stop).tokens
+    from_corrupted = bb.generate(corrupted, last, new_tokens, stop_ids=never_stop).tokens
+
+    placed = bb.shift(dense, d)
+    placement_err = max_abs(placed.keys[0], under_prefix.keys[0], placed.values[0], under_prefix.values[0])
+    round_trip = bb.rerotate(bb.rerotate(dense.keys, ROUND_TRIP_SHIFT), -ROUND_TRIP_SHIFT)
+    round_trip_err = max_abs(round_trip, dense.keys)
+
+    return VerifyReport(
+        model=bb.name,
+        full_repair_token_identical=from_repaired == reference,
+        tokens_compared=min(len(reference), len(from_repaired)),
+        rerotation_max_abs_err=max(placement_err, round_trip_err),
+        rerotation_tolerance=rerotation_tolerance(bb.dtype),
+        unrepaired_token_identical=from_corrupted == reference,
+        corruption_max_abs_err=max_abs(corrupted.values, dense.values),
+        repair_max_abs_err=max_abs(repaired.keys, dense.keys, repaired.values, dense.values),
+        dense_text=bb.decode(reference),
+        repaired_text=bb.decode(from_repaired),
+    )
+
+
+def cache_under_prefix(bb: Backbone, ids: list[int], prefix: str = FOREIGN_PREFIX):
+    """The rows of `ids` computed behind a foreign prefix, and that prefix's length in tokens.
+
+    Shifted back by the prefix length, this is what reusing a cache computed in another
+    context looks like: exact at layer 0, wrong past it.
+    """
+    prefix_ids = bb.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    return bb.prefill(prefix_ids + list(ids)).slice(len(prefix_ids)), len(prefix_ids)
+
+
+def max_abs(*pairs: torch.Tensor) -> float:
+    """Largest |a - b| over consecutive pairs (a1, b1, a2, b2, ...)."""
+    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(pairs[::2], pairs[1::2]))

@@ -1,0 +1,77 @@
+"""The lab behind the notebooks: parameter checks (`params`), the headless notebook runner
+(`notebooks`), run records (`records`), tables (`tables`), call inspection (`inspection`) and the
+attention explorer (`explorer`). A notebook imports `from bcr_core import lab` and reads the names
+below; each lives in the module named beside it.
+"""
+
+from bcr_core.engine.loading import lazy_backbone
+from bcr_core.experiments.summary import with_agreement
+from bcr_core.lab.explorer import (
+    SELECTED,
+    Exploration,
+    Explorer,
+    attention_figure,
+    explore,
+    highlighted_rows,
+    update_figure,
+)
+from bcr_core.lab.inspection import CallView, Inspection, answers_side_by_side, inspect_requests
+from bcr_core.lab.records import Grid, Runs, cached_frame, canonical, collect, condition, label, safe_name
+from bcr_core.lab.tables import (
+    agreement_table,
+    block_table,
+    budget_check,
+    condition_budget,
+    condition_table,
+    decomposition,
+    entropy_rejections,
+    gate_counts,
+    line_points,
+    line_table,
+    preview,
+    readable,
+    rows_per_call,
+    seed_table,
+    token_alignment,
+    tokenization_calls,
+)
+
+__all__ = [
+    "SELECTED",
+    "CallView",
+    "Exploration",
+    "Explorer",
+    "Grid",
+    "Inspection",
+    "Runs",
+    "agreement_table",
+    "answers_side_by_side",
+    "attention_figure",
+    "block_table",
+    "budget_check",
+    "cached_frame",
+    "canonical",
+    "collect",
+    "condition",
+    "condition_budget",
+    "condition_table",
+    "decomposition",
+    "entropy_rejections",
+    "explore",
+    "gate_counts",
+    "highlighted_rows",
+    "inspect_requests",
+    "label",
+    "lazy_backbone",
+    "line_points",
+    "line_table",
+    "preview",
+    "readable",
+    "rows_per_call",
+    "safe_name",
+    "seed_table",
+    "token_alignment",
+    "tokenization_calls",
+    "update_figure",
+    "with_agreement",
+]

@@ -1,0 +1,348 @@
+"""The attention explorer: what its heatmap draws for one setting of its controls, the figure,
+and `Explorer`, the controller behind notebook 09's widgets (and `bcr explore`'s app).
+
+`explore` turns a `CallView` and the controls (layer or BCR's summed score, head, layout, rho)
+into an `Exploration`; `attention_figure` draws it and `update_figure` redraws it in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from bcr_core import paper
+from bcr_core.lab.inspection import CallView, Inspection
+from bcr_core.repair.layouts import LayoutConfig, layout
+
+
+# -- the explorer's data --------------------------------------------------------------------------
+@dataclass
+class Exploration:
+    """Everything the explorer draws for one setting of its controls."""
+
+    heat: np.ndarray  # (layers, rows): attention per layer, for one head or the mean of heads
+    score: np.ndarray  # (rows,): what the layout ranks
+    score_name: str
+    selected: list[int]  # the rows the layout picks at rho
+    expected: tuple[int, int]  # (fewest, most) rows the layout may pick at rho on this cache
+    boundaries: list[dict]  # segment spans {name, start, stop, placeholder}
+    segments: pd.DataFrame  # per segment: rows, score share, rows selected
+
+    @property
+    def count(self) -> int:
+        return len(self.selected)
+
+
+def explore(
+    view: CallView,
+    layer: int | None = None,
+    head: int | None = None,
+    layout_name: str = "chunk",
+    rho: float = paper.RHO,
+    chunk: int = LayoutConfig.chunk,
+    log: bool = True,
+    skip: str = LayoutConfig.skip,
+) -> Exploration:
+    """The explorer's data for one call and one setting of its controls: the attention heatmap
+    (log10 when `log`), the score the layout ranks, the rows it selects, and per segment how much
+    of the score and of the selection falls there."""
+    config = LayoutConfig(chunk=chunk, skip=skip)
+    heat = view.pattern(None, head)
+    if log:
+        heat = np.log10(np.clip(heat, 1e-6, None))
+    score = view.score(layer, head)
+    selected = view.select(layout_name, rho, config, layer, head)
+    layers = "layers 1+" if layer is None else f"layer {layer}"
+    heads = "mean of heads" if head is None else f"head {head}"
+    name = (
+        "BCR row score (layers 1+, mean of steps and heads)" if layer is None and head is None else f"{layers}, {heads}"
+    )
+    picked = np.zeros(view.rows, dtype=bool)
+    picked[selected] = True
+    segments = view.segment_frame(layer, head)
+    segments["selected_rows"] = [int(picked[s:e].sum()) for s, e in zip(segments["start"], segments["stop"])]
+    bounds = [s | {"stop": min(s["stop"], view.rows)} for s in view.segments if s["start"] < view.rows]
+    return Exploration(
+        heat, score, name, selected, layout(layout_name, config).bounds(view.rows, rho), bounds, segments
+    )
+
+
+# -- the explorer's figure --------------------------------------------------------------------------
+SELECTED, OTHER, SHARED_FILL = "crimson", "steelblue", "rgba(255, 200, 0, 0.12)"
+
+
+def attention_figure(view: CallView, exploration: Exploration, widget: bool = False):
+    """The draft's attention over the cache rows: a layers x rows heatmap above the score the
+    layout ranks (log scale), segment boundaries as dotted lines, shared segments shaded, the
+    selected rows in red. `widget=True` returns a plotly FigureWidget (for live updates)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    base = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4], vertical_spacing=0.08)
+    base.add_trace(
+        go.Heatmap(
+            colorscale="Viridis",
+            colorbar=dict(title="log10 attention", len=0.55, y=0.78),
+            hovertemplate="row %{x}: %{customdata}<br>layer %{y}<br>log10 weight %{z:.2f}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    base.add_trace(
+        go.Bar(name="row score", hovertemplate="row %{x}: %{customdata}<br>score %{y:.3g}<extra></extra>"), row=2, col=1
+    )
+    base.add_trace(
+        go.Scatter(
+            name="selected rows",
+            mode="markers",
+            hoverinfo="skip",
+            marker=dict(symbol="triangle-down", color=SELECTED, size=7),
+        ),
+        row=1,
+        col=1,
+    )
+    base.update_layout(height=620, autosize=True, showlegend=False, bargap=0, margin=dict(t=170))
+    base.update_xaxes(title_text="cache row (token position in the prompt)", row=2, col=1)
+    base.update_yaxes(title_text="layer", row=1, col=1)
+    base.update_yaxes(title_text="score (attention weight)", type="log", dtick=1, exponentformat="power", row=2, col=1)
+    figure = go.FigureWidget(base) if widget else base
+    update_figure(figure, view, exploration)
+    return figure
+
+
+def update_figure(figure, view: CallView, exploration: Exploration) -> None:
+    """Redraw an `attention_figure` (a Figure or a FigureWidget) for another call or setting."""
+    rows = np.arange(view.rows)
+    tokens = np.array(view.tokens, dtype=object)
+    picked = np.zeros(view.rows, dtype=bool)
+    picked[exploration.selected] = True
+    layers = exploration.heat.shape[0]
+    shapes, notes = [], []
+    for span in exploration.boundaries:
+        if span["start"] > 0:
+            shapes.append(
+                dict(
+                    type="line",
+                    xref="x",
+                    yref="paper",
+                    x0=span["start"] - 0.5,
+                    x1=span["start"] - 0.5,
+                    y0=0,
+                    y1=1,
+                    line=dict(color="black", width=1, dash="dot"),
+                )
+            )
+        if span["placeholder"]:
+            shapes.append(
+                dict(
+                    type="rect",
+                    xref="x",
+                    yref="paper",
+                    x0=span["start"] - 0.5,
+                    x1=span["stop"] - 0.5,
+                    y0=0,
+                    y1=1,
+                    fillcolor=SHARED_FILL,
+                    line=dict(width=0),
+                    layer="below",
+                )
+            )
+        notes.append(
+            dict(
+                x=(span["start"] + span["stop"] - 1) / 2,
+                y=1.0,
+                xref="x",
+                yref="paper",
+                text=span["name"],
+                showarrow=False,
+                textangle=-35,
+                yanchor="bottom",
+                font=dict(size=10),
+            )
+        )
+    # Plain lists, not numpy arrays: a FigureWidget compares what the browser sends back with
+    # `not value`, which numpy arrays refuse ("truth value of an array is ambiguous").
+    with figure.batch_update() if hasattr(figure, "batch_update") else contextlib.nullcontext():
+        heat, bars, marks = figure.data
+        heat.update(
+            z=exploration.heat.tolist(),
+            x=rows.tolist(),
+            y=list(range(layers)),
+            customdata=np.tile(tokens, (layers, 1)).tolist(),
+        )
+        bars.update(
+            x=rows.tolist(),
+            y=np.asarray(exploration.score).tolist(),
+            customdata=tokens.tolist(),
+            marker=dict(color=np.where(picked, SELECTED, OTHER).tolist()),
+        )
+        marks.update(
+            x=[int(r) for r in exploration.selected],
+            y=[layers - 0.5] * exploration.count,
+            marker=dict(symbol="triangle-down", color=SELECTED, size=7),
+        )
+        figure.layout.shapes = shapes
+        figure.layout.annotations = notes
+        figure.layout.title = dict(
+            text=f"{view.key}: {view.rows} cached rows, {exploration.count} selected<br>"
+            f"<sup>ranked by {exploration.score_name}</sup>",
+            x=0.0,
+            xanchor="left",
+            y=0.99,
+            yanchor="top",
+        )
+
+
+def highlighted_rows(figure) -> list[int]:
+    """The rows an `attention_figure` currently marks as selected (for checks)."""
+    return [int(x) for x in (figure.data[2].x or [])]
+
+
+SUM = -1  # the dropdowns' stand-in for None: BCR's summed score, the mean of heads
+LAYOUTS = ("chunk", "grow", "single")
+
+
+class Explorer:
+    """The explorer's widgets over an `Inspection`: item, agent call, layer, head, layout, rho and
+    whether to decode the repaired answer; every change redraws the figure, the answers and the
+    per-segment table. `update(**controls)` does from code what the controls do."""
+
+    def __init__(
+        self,
+        bb,
+        inspection: Inspection,
+        served_as: str,
+        max_new_tokens: int,
+        layout_name: str = "chunk",
+        rho: float = paper.RHO,
+        chunk: int = paper.CHUNK_ROWS,
+        item: int | None = None,
+        call: str | None = None,
+        layer: int | None = None,
+        head: int | None = None,
+    ):
+        import ipywidgets as W
+
+        if not inspection.views:
+            raise ValueError("no call was served from an assembled cache: serve more requests (n) or raise gamma")
+        self.bb, self.served_as, self.max_new_tokens, self.chunk = bb, served_as, max_new_tokens, chunk
+        self.views = {(v.index, v.node): v for v in inspection.views}
+        self.items = sorted({i for i, _ in self.views})
+        first = item if item in self.items else self.items[-1]
+        start = self.views.get((first, call)) or [v for (i, _), v in self.views.items() if i == first][-1]
+        self.item_w = W.Dropdown(
+            description="item", value=first, options=[(f"{i}: {inspection.requests[i].item_id}", i) for i in self.items]
+        )
+        self.call_w = W.Dropdown(description="agent call", options=self.nodes_of(first), value=start.node)
+        self.layer_w = W.Dropdown(
+            description="layer",
+            value=SUM if layer is None else layer,
+            options=[("summed score (BCR)", SUM)] + [(str(i), i) for i in range(start.layers)],
+        )
+        self.head_w = W.Dropdown(
+            description="head",
+            value=SUM if head is None else head,
+            options=[("mean of heads", SUM)] + [(str(h), h) for h in range(start.heads)],
+        )
+        self.layout_w = W.ToggleButtons(description="layout", options=list(LAYOUTS), value=layout_name)
+        self.rho_w = W.FloatSlider(description="ρ", min=0.0, max=1.0, step=0.05, value=rho, continuous_update=False)
+        self.decode_w = W.Checkbox(description="decode the repaired answer", value=True)
+        self.answers_w, self.segments_w = W.HTML(), W.HTML()
+        self.controls = {
+            "call": self.call_w,
+            "layer": self.layer_w,
+            "head": self.head_w,
+            "layout": self.layout_w,
+            "rho": self.rho_w,
+            "decode": self.decode_w,
+        }
+        self.figure = attention_figure(start, explore(start, None, None, layout_name, rho, chunk), widget=True)
+        self.busy = False
+        for w in (self.item_w, *self.controls.values()):
+            w.observe(self.on_change, names="value")
+        self.shown = self.render()
+        self.widget = W.VBox(
+            [
+                W.HBox([self.item_w, self.call_w]),
+                W.HBox([self.layer_w, self.head_w]),
+                self.layout_w,
+                W.HBox([self.rho_w, self.decode_w]),
+                self.figure,
+                W.HTML("<b>Answers</b>"),
+                self.answers_w,
+                W.HTML("<b>Per segment</b>"),
+                self.segments_w,
+            ]
+        )
+
+    def nodes_of(self, index: int) -> list[tuple[str, str]]:
+        return [(f"{v.node} ({v.role}, {v.rows} rows)", v.node) for (i, _), v in self.views.items() if i == index]
+
+    @property
+    def view(self) -> CallView:
+        return self.views[(self.item_w.value, self.call_w.value)]
+
+    def state(self) -> dict:
+        """Every control's value, None for the summed score and the mean of heads."""
+        values = {"item": self.item_w.value} | {name: w.value for name, w in self.controls.items()}
+        return values | {k: None if values[k] == SUM else values[k] for k in ("layer", "head")}
+
+    def answers_html(self, view: CallView, exploration: Exploration) -> str:
+        rows = [
+            ("Dense, same prompt", view.dense_text),
+            ("assembled cache, unrepaired", view.answer_with(self.bb, [], self.max_new_tokens)),
+            (f"as served ({self.served_as}, {len(view.repaired_rows)} rows)", view.output_text),
+        ]
+        if self.decode_w.value:
+            rows.append(
+                (
+                    f"{self.layout_w.value} at ρ={self.rho_w.value:g}, {exploration.count} rows",
+                    view.answer_with(self.bb, exploration.selected, self.max_new_tokens),
+                )
+            )
+        table = pd.DataFrame(rows, columns=["served as", "answer"])
+        table["identical to Dense"] = table["answer"] == view.dense_text
+        return table.to_html(index=False)
+
+    def render(self) -> Exploration:
+        view, state = self.view, self.state()
+        exploration = explore(view, state["layer"], state["head"], state["layout"], state["rho"], self.chunk)
+        update_figure(self.figure, view, exploration)
+        self.answers_w.value = self.answers_html(view, exploration)
+        self.segments_w.value = exploration.segments.drop(columns=["text"]).to_html(
+            index=False, float_format="{:.3f}".format
+        )
+        self.shown = exploration
+        return exploration
+
+    def update(self, **controls) -> Exploration:
+        """Set any of item, call, layer, head, layout, rho, decode (None for the summed score or the
+        mean of heads) and redraw once; returns what was drawn."""
+        unknown = set(controls) - {"item", *self.controls}
+        if unknown:
+            raise TypeError(
+                f"update() got an unknown control {sorted(unknown)[0]!r}; controls: item, {', '.join(self.controls)}"
+            )
+        self.busy = True
+        try:
+            if "item" in controls:
+                self.item_w.value = controls["item"]
+                self.call_w.options = self.nodes_of(self.item_w.value)
+                self.call_w.value = self.call_w.options[-1][1]
+            for name, value in controls.items():
+                if name != "item":
+                    self.controls[name].value = SUM if value is None and name in ("layer", "head") else value
+        finally:
+            self.busy = False
+        return self.render()
+
+    def on_change(self, change) -> None:
+        if self.busy:
+            return
+        if change["owner"] is self.item_w:
+            self.update(item=self.item_w.value)
+        else:
+            self.render()

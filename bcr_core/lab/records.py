@@ -1,0 +1,198 @@
+"""Run records on disk, as the notebooks read them.
+
+`collect` returns the per-item and per-call records of a set of conditions on one grid cell
+(benchmark, agent count, items, new tokens). A condition already run by `bcr run` (any folder
+under the results folder whose `cell.json` has the same settings and at least as many items) is
+read from there; anything missing is computed with `run_cell`, one condition per folder, so
+notebooks that share a condition (Dense, KVComm) compute it once and an interrupted notebook
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bcr_core.data import benchmarks
+from bcr_core.experiments.conditions import DEFAULT_VALUES, OPTIONS, parse
+from bcr_core.experiments.runner import Cell, read_jsonl, run_cell
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The settings every condition of one comparison shares (a `bcr run` cell minus conditions)."""
+
+    benchmark: str
+    agents: int
+    n: int
+    max_new_tokens: int
+    model: str = "default"
+    pinned: str | None = None
+    item_seed: int = 0  # the synthetic task's items; ignored by the other benchmarks
+
+    @property
+    def extra(self) -> dict:
+        return {"seed": self.item_seed} if self.benchmark == "synthetic" else {}
+
+    def items(self) -> list[dict]:
+        """The first n items, in the order every condition sees them."""
+        return benchmarks.load_items(self.benchmark, self.n, **self.extra)
+
+    def cell(self, conditions) -> Cell:
+        return Cell(
+            benchmark=self.benchmark,
+            n_agents=self.agents,
+            conditions=tuple(conditions),
+            n=self.n,
+            max_new_tokens=self.max_new_tokens,
+            pinned=self.pinned,
+            model=self.model,
+            extra=self.extra,
+        )
+
+    @property
+    def slug(self) -> str:
+        parts = [self.benchmark, f"{self.agents}agents", f"n{self.n}", f"{self.max_new_tokens}tok"]
+        if self.benchmark == "synthetic":
+            parts.append(f"seed{self.item_seed}")
+        if self.pinned:
+            parts.append("pinned-" + safe_name(self.pinned))
+        if self.model != "default":
+            parts.append(safe_name(self.model))
+        return "-".join(parts)
+
+    def matches(self, settings: dict) -> bool:
+        """Whether a run folder's `cell.json` holds these settings with at least n items."""
+        return (
+            settings.get("benchmark") == self.benchmark
+            and settings.get("n_agents") == self.agents
+            and settings.get("max_new_tokens") == self.max_new_tokens
+            and settings.get("pinned") == self.pinned
+            and settings.get("model") == self.model
+            and (settings.get("extra") or {}) == self.extra
+            and int(settings.get("n", 0)) >= self.n
+        )
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@=,-]+", "_", text).strip("_")[:80] or "x"
+
+
+def label(condition: str) -> str:
+    """A condition's label (`bcr-chunk@0.2:chunk=16`), as the runner records it."""
+    return parse(condition).label
+
+
+def canonical(condition: str) -> tuple:
+    """What a condition runs, with every default filled in, so `bcr-chunk`, `bcr-chunk@0.2` and
+    `bcr-chunk@0.2:chunk=64` compare equal (a run recorded under any of them is reused)."""
+    return parse(condition).settings
+
+
+def condition(name: str, value: float | None = None, **options) -> str:
+    """A condition label from its parts, leaving out options at their defaults:
+    condition("bcr-chunk", 0.2, chunk=64) == "bcr-chunk@0.2"; condition("kvcomm", 0.3) == "kvcomm"."""
+    if name == "kvcomm" and value == DEFAULT_VALUES["kvcomm"]:
+        value = None
+    takes = OPTIONS.get(name, {})
+    kept = {k: v for k, v in options.items() if v is not None and (k not in takes or takes[k].default != v)}
+    spec = name + ("" if value is None else f"@{value:g}")
+    if kept:
+        spec += ":" + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in kept.items())
+    return label(spec)
+
+
+@dataclass
+class Runs:
+    """Per-item and per-call records of several conditions on one grid cell, items in order."""
+
+    grid: Grid
+    conditions: list[str]
+    items: pd.DataFrame
+    calls: pd.DataFrame
+    sources: dict[str, Path]  # condition -> the folder its records came from
+
+    def sources_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([{"condition": c, "folder": str(p)} for c, p in self.sources.items()])
+
+
+def find_runs(results_dir) -> list[tuple[Path, dict]]:
+    """Every run folder under `results_dir` (a folder holding `cell.json`), with its settings."""
+    root = Path(results_dir)
+    if not root.exists():
+        return []
+    found = []
+    for settings in sorted(root.rglob("cell.json")):
+        try:
+            found.append((settings.parent, json.loads(settings.read_text())))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return found
+
+
+def finished_records(folder: Path, condition: str, n: int) -> tuple[list[dict], list[dict]] | None:
+    """The first n items of `condition` in a run folder and their calls, or None if any is missing."""
+    items = [r for r in read_jsonl(folder / "items.jsonl") if r.get("condition") == condition and r["index"] < n]
+    if sorted(r["index"] for r in items) != list(range(n)):
+        return None
+    ids = {r["item_id"] for r in items}
+    calls = [c for c in read_jsonl(folder / "calls.jsonl") if c.get("condition") == condition and c["item_id"] in ids]
+    return sorted(items, key=lambda r: r["index"]), calls
+
+
+def collect(
+    grid: Grid, conditions, results_dir, backbone: Callable | object | None = None, progress: bool = True
+) -> Runs:
+    """The records of every condition on `grid`: read from existing runs, computed when missing.
+
+    `backbone` is a `Backbone` or a zero-argument function returning one; it is only loaded when
+    something has to be computed.
+    """
+    labels = list(dict.fromkeys(label(c) for c in conditions))
+    results_dir = Path(results_dir)
+    item_rows, call_rows, sources = [], [], {}
+    for condition in labels:
+        found = None
+        wanted = canonical(condition)
+        for folder, settings in find_runs(results_dir):
+            if not grid.matches(settings):
+                continue
+            recorded = next((c for c in settings.get("conditions", []) if canonical(c) == wanted), None)
+            found = None if recorded is None else finished_records(folder, recorded, grid.n)
+            if found is not None:
+                relabel = {"condition": condition}  # the label this notebook asked for
+                found = ([r | relabel for r in found[0]], [c | relabel for c in found[1]])
+                sources[condition] = folder
+                break
+        if found is None:
+            folder = results_dir / grid.slug / safe_name(condition)
+            bb = backbone() if callable(backbone) else backbone
+            if bb is None:
+                raise ValueError(
+                    f"no finished run of {condition} on {grid.slug} under {results_dir}, "
+                    "and no model to compute it with"
+                )
+            run_cell(bb, grid.cell([condition]), folder, progress=progress)
+            found = finished_records(folder, condition, grid.n)
+            sources[condition] = folder
+        item_rows += found[0]
+        call_rows += found[1]
+    items = pd.DataFrame(item_rows)
+    calls = pd.DataFrame(call_rows)
+    return Runs(grid, labels, items, calls, sources)
+
+
+def cached_frame(path, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """A frame read from `path` (CSV) if it exists, else computed and written there."""
+    path = Path(path)
+    if path.exists():
+        return pd.read_csv(path)
+    frame = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False)
+    return frame

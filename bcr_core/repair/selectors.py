@@ -1,0 +1,71 @@
+"""Selectors: what ranks an assembled cache's rows for repair. One protocol, three rules.
+
+`rank(bb, kv, ids, last_id, rows=None) -> Ranking`: the scores of the candidate `rows` of the
+assembled cache (default every row; BCR may pass only the predicted ones), higher = repair first,
+and the draft a selector ran to score them (kept for a call's trace).
+
+- DraftSelector (BCR, Algorithm 2): draft k = 2 tokens, score rows by the attention they got.
+- CoinSelector (the random control): a seeded stream that advances once per repaired call and
+  draws one uniform per unit of the layout (a chunk, or a row), so every chunk is equally likely;
+  no draft, so it spends k fewer decode steps.
+- CacheBlendSelector (App. D, ported): the deviation between fresh layer-1 values and the
+  assembled cache's layer-1 values, row by row. Fresh values need layer 0 over every row, which
+  is exact in an assembled cache, so two layers are run over the whole prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bcr_core import paper
+from bcr_core.engine.backbone import Draft
+from bcr_core.repair.row_scores import row_scores
+
+
+@dataclass
+class Ranking:
+    scores: torch.Tensor  # (len(rows),)
+    draft: Draft | None = None
+
+
+class DraftSelector:
+    name = "draft"
+
+    def __init__(self, k: int = paper.DRAFT_TOKENS):
+        self.k = k
+
+    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+        draft = bb.draft(kv, last_id, self.k)
+        scores = row_scores(draft.attention)
+        return Ranking(scores if rows is None else scores[rows], draft)
+
+
+class CoinSelector:
+    name = "coin"
+
+    def __init__(self, seed: int = 0, unit: int = 1):
+        if unit < 1:
+            raise ValueError(f"the coin's unit must be >= 1 row, got {unit}")
+        self.seed, self.unit = seed, unit
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+
+    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+        return Ranking(self.draw(kv.length if rows is None else len(rows)))
+
+    def draw(self, m: int) -> torch.Tensor:
+        """One draw of the stream over m rows: one uniform per unit of `unit` consecutive rows
+        (the last unit may be shorter), repeated over its rows."""
+        units = torch.from_numpy(self.rng.random(-(-m // self.unit)))
+        return units.repeat_interleave(self.unit)[:m]
+
+
+class CacheBlendSelector:
+    name = "cacheblend"
+
+    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+        fresh = bb.prefill_layers(ids, kv.positions, layers=2)
+        deviation = (fresh.values[1] - kv.values[1].to(fresh.values.dtype)).float().norm(dim=-1).mean(dim=(0, 1))
+        return Ranking(deviation if rows is None else deviation[rows])

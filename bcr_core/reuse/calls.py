@@ -1,0 +1,128 @@
+"""One agent call as every server serves it: the decode requests it yields, and the record it returns.
+
+A server's `steps(prompt, max_new_tokens)` is a generator that yields `Decode` requests and returns
+a `CallRecord`; `drive` answers each request at once, the batched runner answers several together.
+A served cache stops one token short of the prompt; the final prompt token is fed at decode, so
+every method shares one decode path and TTFT (from before cache assembly to the first token) is
+comparable across them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from bcr_core.engine.backbone import Backbone, Draft, Generation
+from bcr_core.engine.kv import KV
+
+
+@dataclass
+class Trace:
+    """Inside a call served from an assembled cache, kept when the caller asks (`server.trace = True`):
+    the cache before any repair, a draft on it (the selector's own when it drafted, so none is run
+    twice), the selector's scores of its candidate rows, and the rows repaired."""
+
+    assembled: KV
+    draft: Draft
+    candidates: torch.Tensor | None = None  # the rows the selector ranked (None: no selection ran)
+    scores: torch.Tensor | None = None  # their scores, higher = repair first
+    rows: list[int] = field(default_factory=list)
+
+
+@dataclass
+class CallRecord:
+    """What serving one call did. Built by the server that served it, with keyword arguments."""
+
+    node: str
+    role: str
+    condition: str
+    mode: str  # "dense" or "reuse"
+    reason: str  # "dense" for dense-only servers; else the gate's reason (first failing placeholder)
+    served_ids: list[int]  # the ids whose cache was served (dense path or reuse path)
+    dense_ids: list[int]
+    merged_ids: list[int]
+    output_tokens: list[int]
+    output_text: str
+    ttft_s: float
+    total_s: float
+    rows_recomputed: int = 0
+    repaired_rows: list[int] = field(default_factory=list)
+    rows_wasted: int = 0  # repaired rows that were already exact (the agent's prefix): budget that changed nothing
+    skipped: bool = False  # served from an assembled cache that the repair's skip rule left unrepaired
+    segment_map: list[dict] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)
+    fidelity: dict = field(default_factory=dict)  # in-situ comparison with Dense on the same prompt, if asked
+    assembly_s: float = 0.0  # anchor matching and cache assembly (KVComm-based servers), inside the TTFT
+    served: tuple[KV, int] | None = field(default=None, repr=False)  # (cache, last id); not serialised
+    trace: Trace | None = field(default=None, repr=False)  # when asked; not serialised
+
+    def to_dict(self) -> dict:
+        record = asdict(replace(self, served=None, trace=None))  # the caches are not copied, only dropped
+        del record["served"], record["trace"]
+        return record
+
+
+@dataclass
+class Decode:
+    """What a server's `steps` yields when it needs greedy decoding from a served cache; it is sent
+    back the `Generation`. Whoever drives the steps decides when and how: `drive` decodes at once,
+    the batched runner decodes the requests of several calls together."""
+
+    kv: KV
+    last_id: int
+    max_new_tokens: int
+    keep_logits: bool = False
+
+    def now(self, bb: Backbone) -> Generation:
+        """Answer the request on the spot, alone."""
+        return bb.generate(self.kv, self.last_id, self.max_new_tokens, keep_logits=self.keep_logits)
+
+
+def drive(bb: Backbone, steps: Generator):
+    """Run a server's (or pipeline's) steps to the end, decoding each request as it comes."""
+    value = None
+    while True:
+        try:
+            request = steps.send(value)
+        except StopIteration as done:
+            return done.value
+        value = request.now(bb)
+
+
+def decode_call(kv: KV, last_id: int, max_new_tokens: int, started: float):
+    """Greedy decoding from a served cache (yields one `Decode`); TTFT and total seconds counted from `started`."""
+    generation = yield Decode(kv, last_id, max_new_tokens)
+    return generation, generation.first_token_at - started, time.perf_counter() - started
+
+
+@dataclass
+class Served:
+    """What decoding from an assembled cache gave a KVComm-based server."""
+
+    kv: KV  # the cache decoding started from
+    tokens: list[int]
+    ttft: float
+    total: float
+    repaired_rows: list[int] = field(default_factory=list)
+    skipped: bool = False  # a repair server's skip rule left the assembled cache as it was
+    candidates: torch.Tensor | None = None  # the rows a selector ranked, and their scores (for a trace)
+    scores: torch.Tensor | None = None
+    draft: Draft | None = None  # the selector's draft, if it drafted
+
+
+class Server:
+    """A serving policy. `steps(prompt, max_new_tokens)` is a generator that yields `Decode`
+    requests and returns the `CallRecord`; `serve` runs it with immediate decoding. Set `trace`
+    to keep a `Trace` on every call served from an assembled cache."""
+
+    bb: Backbone
+    trace: bool = False
+
+    def serve(self, prompt, max_new_tokens: int) -> CallRecord:
+        return drive(self.bb, self.steps(prompt, max_new_tokens))
+
+    def steps(self, prompt, max_new_tokens: int) -> Generator[Decode, Generation, CallRecord]:
+        raise NotImplementedError

@@ -1,0 +1,79 @@
+"""The segments of an assembled prompt: where each placeholder's value lies, which rows KVComm
+predicts, and the exact caches (node prefixes, segment bases) every KVComm-based server reads."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from bcr_core.engine.backbone import Backbone
+from bcr_core.engine.kv import KV
+from bcr_core.reuse.prompts import Prompt, base_header, tokenize
+
+
+class SegmentCaches:
+    """Exact caches keyed by token content: node prefixes (at position 0) and base caches
+    (a segment behind the user-turn header alone, moved to position 0). A base is computed once
+    per distinct segment, when the segment is first seen, and shared by every call that uses it."""
+
+    def __init__(self, bb: Backbone, max_bases: int = 256):
+        self.bb = bb
+        self.header_ids = tokenize(bb.tokenizer, base_header(bb.tokenizer))
+        self.prefixes: dict[tuple[int, ...], KV] = {}
+        self.bases: OrderedDict[tuple[int, ...], KV] = OrderedDict()
+        self.max_bases = max_bases
+
+    def prefix(self, ids: list[int]) -> KV:
+        key = tuple(ids)
+        if key not in self.prefixes:
+            self.prefixes[key] = self.bb.prefill(ids)
+        return self.prefixes[key]
+
+    def base(self, ids: list[int]) -> KV:
+        key = tuple(ids)
+        if key in self.bases:
+            self.bases.move_to_end(key)
+            return self.bases[key]
+        h = len(self.header_ids)
+        base = self.bb.shift(self.bb.prefill(self.header_ids + list(ids)).slice(h), -h)
+        self.bases[key] = base
+        if len(self.bases) > self.max_bases:
+            self.bases.popitem(last=False)
+        return base
+
+    def prepare(self, prompt: Prompt) -> None:
+        """Compute the caches a call will read (outside its TTFT: the released code builds a
+        segment's base when the segment is produced, not when it is consumed)."""
+        self.prefix(prompt.segments[0].ids)
+        for segment in prompt.segments[1:]:
+            self.base(segment.ids)
+
+
+def share_segment_caches(bb: Backbone, servers) -> SegmentCaches:
+    """Give every KVComm-based server one store of exact caches. They are keyed by token content and
+    exact, so sharing changes no result; it computes each base cache once instead of once per server."""
+    caches = SegmentCaches(bb)
+    for server in servers:
+        if hasattr(server, "caches"):
+            server.caches = caches
+    return caches
+
+
+def placeholder_spans(segment_map: list[dict]) -> list[tuple[dict, dict | None]]:
+    """(value span, the span of the template text after it or None), in prompt order."""
+    spans = []
+    for i, span in enumerate(segment_map):
+        if span["placeholder"]:
+            nxt = segment_map[i + 1] if i + 1 < len(segment_map) else None
+            spans.append((span, nxt if nxt is not None and nxt["name"] == f"after:{span['name']}" else None))
+    return spans
+
+
+def predicted_rows(spans: list[dict], m: int) -> list[int]:
+    """The rows of an M-row assembled cache that KVComm predicted: every placeholder's value and the
+    template text after it. The rest (the agent's own prefix) is exact."""
+    covered = [(v["start"], v["stop"]) for pair in placeholder_spans(spans) for v in pair if v is not None]
+    return [j for start, stop in covered for j in range(start, min(stop, m))]
+
+
+def rows(ids: list[int], span: dict) -> list[int]:
+    return ids[span["start"] : span["stop"]]

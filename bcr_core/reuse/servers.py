@@ -1,0 +1,199 @@
+"""The servers that answer one agent call: Dense, token-matched Dense, and KVComm reuse.
+
+KVComm (DESIGN §3): the call's cache is assembled from the node's exact prefix cache and, for
+each placeholder in order, the predicted cache of its value and of the template text after it,
+keys re-rotated to their offsets. If any placeholder fails the gate, the call is prefilled densely
+over the reuse path's ids (so segment boundaries are exact) and anchors are stored from it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bcr_core.engine.backbone import Backbone
+from bcr_core.engine.kv import KV
+from bcr_core.reuse.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict_into
+from bcr_core.reuse.calls import CallRecord, Served, Server, Trace, decode_call
+from bcr_core.reuse.prompts import Prompt
+from bcr_core.reuse.segments import SegmentCaches, placeholder_spans, predicted_rows, rows
+
+
+class DenseServer(Server):
+    """Prefill the whole prompt: the chat template's ids, or the reuse path's (token-matched)."""
+
+    stateless = True  # calls do not depend on earlier calls: items may be served in any order
+
+    def __init__(self, bb: Backbone, token_matched: bool = False):
+        self.bb = bb
+        self.token_matched = token_matched
+        self.name = "token-matched-dense" if token_matched else "dense"
+
+    def steps(self, prompt: Prompt, max_new_tokens: int):
+        ids = prompt.merged_ids if self.token_matched else prompt.dense_ids
+        started = time.perf_counter()
+        kv = self.bb.prefill(ids[:-1])
+        generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
+        return CallRecord(
+            node=prompt.template.node,
+            role=prompt.template.role,
+            condition=self.name,
+            mode="dense",
+            reason="dense",
+            served_ids=ids,
+            dense_ids=prompt.dense_ids,
+            merged_ids=prompt.merged_ids,
+            output_tokens=generation.tokens,
+            output_text=self.bb.decode(generation.tokens),
+            ttft_s=ttft,
+            total_s=total,
+            segment_map=prompt.segment_map(dense=not self.token_matched),
+            served=(kv, ids[-1]),
+        )
+
+
+class KVCommServer(Server):
+    """The reuse baseline: anchor pool, entropy gate, offset prediction, dense fallback."""
+
+    stateless = False  # the anchor pool carries every call into the next
+
+    def __init__(self, bb: Backbone, config: KVCommConfig = KVCommConfig(), name: str | None = None):
+        self.bb = bb
+        self.config = config
+        self.pool = AnchorPool(config)
+        self.caches = SegmentCaches(bb)
+        self.name = name or (f"kvcomm@{config.gamma:g}" if config.gamma != KVCommConfig.gamma else "kvcomm")
+
+    def steps(self, prompt: Prompt, max_new_tokens: int):
+        self.caches.prepare(prompt)
+        ids, spans, node = prompt.merged_ids, prompt.segment_map(), prompt.template.node
+        started = time.perf_counter()
+        decisions = self.gate(ids, spans, node)
+        reason = self.allocate(decisions, node)
+        served, assembled, assembly_s = None, None, time.perf_counter() - started
+        if reason == REUSE:
+            assembled = self.assemble(ids, spans, node, decisions)
+            assembly_s = time.perf_counter() - started
+            served = yield from self.serve_assembled(assembled, ids, max_new_tokens, started, spans)
+            if served is None:
+                reason = self.refusal
+            else:
+                for d in decisions:
+                    self.pool.activate(d)
+        if served is None:
+            kv = self.bb.prefill(ids[:-1])
+            generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
+            full = KV.from_cache(generation.cache, torch.arange(len(ids)))  # the prompt's rows, the last included
+            self.store_anchors(ids, spans, node, full)
+            served = Served(kv, generation.tokens, ttft, total)
+        predicted = set(predicted_rows(spans, len(ids) - 1))
+        return CallRecord(
+            node=node,
+            role=prompt.template.role,
+            condition=self.name,
+            mode="reuse" if reason == REUSE else "dense",
+            reason=reason,
+            served_ids=ids,
+            dense_ids=prompt.dense_ids,
+            merged_ids=ids,
+            output_tokens=served.tokens,
+            output_text=self.bb.decode(served.tokens),
+            ttft_s=served.ttft,
+            total_s=served.total,
+            rows_recomputed=len(served.repaired_rows),
+            repaired_rows=served.repaired_rows,
+            rows_wasted=sum(j not in predicted for j in served.repaired_rows),
+            skipped=served.skipped,
+            segment_map=spans,
+            decisions=[d.to_dict() for d in decisions],
+            served=(served.kv, ids[-1]),
+            assembly_s=assembly_s,
+            trace=self.traced(assembled, ids, served) if reason == REUSE else None,
+        )
+
+    def traced(self, assembled: KV, ids: list[int], served: Served) -> Trace | None:
+        """The call's `Trace`, when the caller asked for one; a draft is run only if no selector ran one."""
+        if not self.trace:
+            return None
+        draft = served.draft or self.bb.draft(assembled, ids[-1])
+        return Trace(assembled, draft, served.candidates, served.scores, list(served.repaired_rows))
+
+    # -- hooks for the policies built on this server ----------------------------------------
+    refusal = "refused"  # the reason recorded when serve_assembled declines the assembled cache
+
+    def allocate(self, decisions: list[GateDecision], node: str) -> str:
+        """The call's reason: reuse iff every placeholder passed the gate."""
+        return next((d.reason for d in decisions if not d.reuse), REUSE)
+
+    def serve_assembled(self, kv: KV, ids: list[int], max_new_tokens: int, started: float, spans: list[dict]):
+        """Decode from the assembled cache as it is (KVComm); steps returning a `Served`, or None
+        to send the call to the dense path. `spans` is the prompt's segment map."""
+        generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
+        return Served(kv, generation.tokens, ttft, total)
+
+    def gate(self, ids: list[int], spans: list[dict], node: str) -> list[GateDecision]:
+        return [self.pool.decide(v["name"], node, self.caches.base(rows(ids, v))) for v, _ in placeholder_spans(spans)]
+
+    @torch.inference_mode()
+    def assemble(self, ids: list[int], spans: list[dict], node: str, decisions: list[GateDecision]) -> KV:
+        """Prefix (exact) + each placeholder's predicted value and following text, keys re-rotated
+        to their offsets; one row short of the prompt. Written piece by piece into one cache."""
+        prefix = self.caches.prefix(rows(ids, spans[0]))
+        n = len(ids) - 1
+        shape = (*prefix.keys.shape[:3], n, prefix.keys.shape[-1])
+        keys, values = prefix.keys.new_empty(shape), prefix.values.new_empty(shape)
+        keys[:, :, :, : prefix.length] = prefix.keys
+        values[:, :, :, : prefix.length] = prefix.values
+        filled = prefix.length
+        for (value, after), decision in zip(placeholder_spans(spans), decisions):
+            weights = [w for _, w in decision.chosen]
+            found = [a.deviations[node] for a, _ in decision.chosen]
+            pieces = [(value, [d.segment for d in found])] + ([(after, [d.after for d in found])] if after else [])
+            for span, deviations in pieces:
+                start, stop = span["start"], min(span["stop"], n)
+                if start != filled:
+                    raise ValueError(f"segment map leaves rows {filled}..{start} uncovered")
+                base = self.caches.base(rows(ids, span))
+                predict_into(
+                    keys[:, :, :, start:stop],
+                    values[:, :, :, start:stop],
+                    base,
+                    deviations,
+                    weights,
+                    lambda src, out, delta=start: self.bb.rerotate(src, delta, out=out),
+                )
+                filled = stop
+        if filled != n:
+            raise ValueError(f"segment map covers {filled} of the {n} cached rows")
+        return KV(keys, values, torch.arange(n, device=keys.device))
+
+    @torch.inference_mode()
+    def store_anchors(self, ids: list[int], spans: list[dict], node: str, full: KV) -> None:
+        """After a dense prefill of the whole prompt: each placeholder's deviation, and its
+        following text's, for this node (Equation 1), in the base caches' frame."""
+        for value, after in placeholder_spans(spans):
+            base = self.caches.base(rows(ids, value))
+            real = self.bb.shift(full.slice(value["start"], value["stop"]), -value["start"])
+            after_deviation = None
+            if after is not None:
+                after_base = self.caches.base(rows(ids, after))
+                real_after = self.bb.shift(full.slice(after["start"], after["stop"]), -after["start"])
+                after_deviation = deviation(real_after, after_base)
+            self.pool.store(
+                value["name"], tuple(rows(ids, value)), base, node, Deviation(deviation(real, base), after_deviation)
+            )
+
+    def replay(self, call: dict) -> None:
+        """Bring the pool to the state serving `call` left it in, without decoding (for resuming a
+        run): count its decisions, re-activate the anchors a reuse call used, and re-store the
+        anchors a dense call produced."""
+        for decision in call["decisions"]:
+            self.pool.counts[decision["reason"]] += 1
+        if call["mode"] == "reuse":
+            for decision in call["decisions"]:
+                for anchor in self.pool.anchors(decision["placeholder"]):
+                    anchor.activations += anchor.serial in decision["anchors"]
+        else:
+            ids = call["merged_ids"]
+            self.store_anchors(ids, call["segment_map"], call["node"], self.bb.prefill(ids))
