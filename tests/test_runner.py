@@ -93,7 +93,7 @@ def test_bad_cells_are_clear_errors():
     with pytest.raises(ValueError, match="unknown condition"):
         Cell("gsm8k", 3, ("densest",), 2)
     with pytest.raises(ValueError, match="exceeds the 100 items"):
-        runner.tasks.load_items("gsm8k", 101)
+        runner.benchmarks.load_items("gsm8k", 101)
 
 
 BATCHED = Cell(
