@@ -14,6 +14,7 @@ from pathlib import Path
 from bcr_core import paper
 from bcr_core.engine.assets import AssetError
 from bcr_core.engine.models import DEFAULT_MODEL, ModelError
+from bcr_core.paths import RESULTS
 
 
 def load_backbone(model: str):
@@ -154,15 +155,7 @@ def cmd_ttft(args) -> int:
 def cmd_notebooks(args) -> int:
     from bcr_core.lab.notebooks import NotebookError, run_notebooks
 
-    parameters = {}
-    for pair in args.parameter:
-        name, sep, raw = pair.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"-p takes NAME=VALUE, got {pair!r}")
-        try:
-            parameters[name.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            parameters[name.strip()] = raw  # a bare word is a string
+    parameters = read_parameters(args.parameter)
     if args.model != DEFAULT_MODEL:
         parameters["model"] = args.model
     try:
@@ -180,6 +173,58 @@ def cmd_notebooks(args) -> int:
         if not r.ok:
             print(f"bcr notebooks: {r.error}", file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1
+
+
+def read_parameters(pairs: list[str]) -> dict:
+    """`-p NAME=VALUE` pairs: VALUE read as JSON, else as a string."""
+    parameters = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"-p takes NAME=VALUE, got {pair!r}")
+        try:
+            parameters[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            parameters[name.strip()] = raw  # a bare word is a string
+    return parameters
+
+
+def cmd_explore(args) -> int:
+    import tempfile
+
+    from bcr_core.lab import app
+
+    parameters = read_parameters(args.parameter)
+    if args.model != DEFAULT_MODEL:
+        parameters["model"] = args.model
+    app.check_port(args.port)
+    with tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:
+        prepared = app.explorer_notebook(parameters, Path(folder), results=args.results)
+        url = f"http://localhost:{args.port}/"
+        source = (
+            f"reads {prepared.saved}"
+            if prepared.saved
+            else f"no saved inspection matches: serves {prepared.parameters['n']} requests with the model first "
+            f"(minutes), then saves them to {app.FRESH / 'explorer'}"
+        )
+        if args.check:
+            print(json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"ok: {source}")
+            return 0
+        try:
+            server = app.start(prepared.notebook, args.port)
+        except RuntimeError as err:
+            raise ValueError(f"voila did not start: {err}") from None
+        print(
+            json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"explorer: {url}\n{source}"
+        )
+        print("Ctrl-C stops it.", file=sys.stderr, flush=True)
+        try:
+            server.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            app.stop(server)
+    return 0
 
 
 def split_list(text: str, kind):
@@ -281,6 +326,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(notebooks)
     notebooks.set_defaults(run=cmd_notebooks)
+
+    explore = sub.add_parser("explore", help="notebook 09, the attention explorer, as a local web app (Voila)")
+    explore.add_argument("--port", type=int, default=8866, help="localhost port to serve on")
+    explore.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a parameter of notebook 09 (VALUE read as JSON, else as a string); repeatable",
+    )
+    explore.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS / "explorer",
+        help="folder of saved inspections to read (default: the committed one, which matches 09's defaults)",
+    )
+    explore.add_argument(
+        "--check", action="store_true", help="check the arguments, say what the app would read or serve, and exit"
+    )
+    add_common(explore)
+    explore.set_defaults(run=cmd_explore)
     return parser
 
 

@@ -282,7 +282,7 @@ def test_readable_tables_and_a_too_small_n_are_caught_up_front():
         params.check(n=2).at_least("n", 3, "the pool needs two items")
     for name in ("00_quickstart", "09_attention_explorer"):
         check = [c for c in nbformat.read(notebook_paths([name])[0], as_version=4).cells if c.cell_type == "code"][1]
-        assert re.search(r'at_least\(\s*"n",\s*3\b', check.source)  # however the cell is formatted
+        assert re.search(r'at_least\(\s*"n",\s*3\b', check.source), name  # however the cell is formatted
 
 
 # -- every notebook, headless -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ into an `Exploration`; `attention_figure` draws it and `update_figure` redraws i
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,6 +195,12 @@ def update_figure(figure, view: CallView, exploration: Exploration) -> None:
             y=0.99,
             yanchor="top",
         )
+    if hasattr(figure, "_widget_data"):
+        # A FigureWidget sends each change to the views that exist; a view created later (Voila draws
+        # the widgets once the notebook has run; a reloaded page) starts from this synced state, which
+        # plotly refreshes only when the figure itself is displayed, not inside a VBox: keep it current.
+        figure._widget_data = copy.deepcopy(figure._data)
+        figure._widget_layout = copy.deepcopy(figure._layout_obj._props)
 
 
 def highlighted_rows(figure) -> list[int]:
@@ -201,6 +208,7 @@ def highlighted_rows(figure) -> list[int]:
     return [int(x) for x in (figure.data[2].x or [])]
 
 
+NOT_DECODED = "(not decoded: a saved inspection keeps only the answers decoded when it was made)"
 SUM = -1  # the dropdowns' stand-in for None: BCR's summed score, the mean of heads
 LAYOUTS = ("chunk", "grow", "single")
 
@@ -208,7 +216,8 @@ LAYOUTS = ("chunk", "grow", "single")
 class Explorer:
     """The explorer's widgets over an `Inspection`: item, agent call, layer, head, layout, rho and
     whether to decode the repaired answer; every change redraws the figure, the answers and the
-    per-segment table. `update(**controls)` does from code what the controls do."""
+    per-segment table. `update(**controls)` does from code what the controls do. With `bb=None`
+    (a loaded inspection, no model) the answers shown are those saved with it."""
 
     def __init__(
         self,
@@ -304,7 +313,8 @@ class Explorer:
                 )
             )
         table = pd.DataFrame(rows, columns=["served as", "answer"])
-        table["identical to Dense"] = table["answer"] == view.dense_text
+        table["identical to Dense"] = [None if a is None else a == view.dense_text for a in table["answer"]]
+        table["answer"] = table["answer"].fillna(NOT_DECODED)
         return table.to_html(index=False)
 
     def render(self) -> Exploration:

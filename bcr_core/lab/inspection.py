@@ -2,24 +2,35 @@
 every call served from an assembled cache (its ids and token strings, segment map, the assembled
 cache before repair, the draft's attention per layer and head, the rows the server repaired, its
 answer and Dense's on the same prompt). Everything comes from the server's own `CallRecord.trace`.
+
+`save` writes an `Inspection` to one file and `load` reads it back, so the explorer opens in seconds
+without serving anything (`bcr explore`). A saved inspection keeps the draft's attention exactly
+(float32) but not the assembled caches: one cache is about 23 KB per row in float16 on SmolLM2-135M
+(30 layers x 3 kv heads x 64 dims, keys and values) against the attention's 2 KB, so a dozen calls
+would weigh some 50 MB. The repaired answers a loaded inspection can show are those decoded before
+saving: every call unrepaired and at the setting it was saved with.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from bcr_core.agents.pipeline import Pipeline
+from bcr_core.agents.pipeline import Pipeline, RequestRecord
 from bcr_core.data import benchmarks
+from bcr_core.engine.backbone import Draft
 from bcr_core.experiments.conditions import make_server, parse
 from bcr_core.lab.tables import preview
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.repair.row_scores import row_scores
-from bcr_core.reuse.calls import CallRecord, Server
+from bcr_core.reuse.calls import CallRecord, Server, Trace
 from bcr_core.reuse.servers import DenseServer
 
 
@@ -48,7 +59,7 @@ class CallView:
     ids = property(lambda self: self.record.merged_ids)  # the reuse path's ids of the whole prompt
     output_text = property(lambda self: self.record.output_text)
     repaired_rows = property(lambda self: self.record.repaired_rows)
-    kv = property(lambda self: self.record.trace.assembled)  # the assembled cache, before repair
+    kv = property(lambda self: self.record.trace.assembled)  # the assembled cache before repair (None once saved)
     attention = property(lambda self: self.record.trace.draft.attention)  # (layers, steps, heads, rows)
     draft_tokens = property(lambda self: self.record.trace.draft.tokens)
 
@@ -87,10 +98,13 @@ class CallView:
         """The rows a layout repairs at budget rho when ranked by `score(layer, head)`."""
         return layout(layout_name, config).rows(torch.from_numpy(self.score(layer, head).copy()), rho).tolist()
 
-    def answer_with(self, bb, rows: list[int], max_new_tokens: int) -> str:
-        """The greedy answer from the assembled cache with `rows` recomputed exactly."""
+    def answer_with(self, bb, rows: list[int], max_new_tokens: int) -> str | None:
+        """The greedy answer from the assembled cache with `rows` recomputed exactly; None when it
+        was not decoded before and cannot be now (no model, or a loaded view without its cache)."""
         key = (tuple(rows), max_new_tokens)
         if key not in self.answers:
+            if bb is None or self.kv is None:
+                return None
             kv = self.kv if not rows else bb.repair(self.kv, self.ids[:-1], rows)
             self.answers[key] = bb.decode(bb.generate(kv, self.ids[-1], max_new_tokens).tokens)
         return self.answers[key]
@@ -165,6 +179,7 @@ class Inspection:
     condition: str
     requests: list  # RequestRecord per item, in order
     views: list[CallView]
+    parameters: dict = field(default_factory=dict)  # the settings it was served with, once saved
 
     def calls_frame(self) -> pd.DataFrame:
         """Every call of every request: mode, reason, rows repaired, and whether it has a view."""
@@ -242,3 +257,103 @@ def answers_side_by_side(inspections: dict[str, Inspection], index: int) -> pd.D
     return frame.pivot(index="node", columns="condition", values="answer").reindex(list(dict.fromkeys(frame["node"])))[
         list(inspections)
     ]
+
+
+# -- saved inspections ------------------------------------------------------------------------------
+FORMAT = "bcr-inspection/1"
+# The settings that decide what an inspection holds (the explorer's starting item, call, layer and
+# head do not): a saved inspection is found by them.
+KEYS = ("model", "benchmark", "item_seed", "agents", "n", "max_new_tokens", "gamma", "layout", "rho", "chunk")
+
+
+def file_name(parameters: dict) -> str:
+    """The file a saved inspection with these settings has: readable, plus a hash of all of them."""
+    missing = [k for k in KEYS if k not in parameters]
+    if missing:
+        raise ValueError(f"an inspection's settings need {', '.join(missing)}; got {', '.join(parameters)}")
+    settings = {k: parameters[k] for k in KEYS}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    p = settings
+    return f"{p['benchmark']}-a{p['agents']}-n{p['n']}-t{p['max_new_tokens']}-{p['layout']}@{p['rho']:g}-{digest}.pt"
+
+
+def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
+    """Write `inspection` to `folder`/`file_name(parameters)`. With a model (`bb`), first decode
+    every call's unrepaired answer and its answer at the saved layout and rho (BCR's summed score),
+    so the explorer can show them without a model; the caches themselves are not saved."""
+    path = Path(folder) / file_name(parameters)
+    settings = {k: parameters[k] for k in KEYS}
+    config = LayoutConfig(chunk=settings["chunk"])
+    for v in inspection.views:
+        for rows in ([], v.select(settings["layout"], settings["rho"], config)):
+            v.answer_with(bb, rows, settings["max_new_tokens"])
+    views = [
+        {
+            "index": v.index,
+            "item_id": v.item_id,
+            "node": v.node,
+            "tokens": v.tokens,
+            "segments": v.segments,
+            "dense_text": v.dense_text,
+            "answers": [[list(rows), tokens, text] for (rows, tokens), text in v.answers.items()],
+            "draft_tokens": list(v.draft_tokens),
+            "trace_rows": list(v.record.trace.rows),
+        }
+        for v in inspection.views
+    ]
+    tensors = {"attention": [v.attention.float().contiguous() for v in inspection.views]}
+    for name in ("candidates", "scores"):
+        tensors[name] = [getattr(v.record.trace, name) for v in inspection.views]
+    document = {
+        "format": FORMAT,
+        "parameters": settings,
+        "condition": inspection.condition,
+        "requests": [r.to_dict() for r in inspection.requests],
+        "views": views,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save({"document": json.dumps(document), "tensors": tensors}, partial)
+    partial.replace(path)  # a reader never sees half a file
+    return path
+
+
+def load(path, parameters: dict | None = None) -> Inspection:
+    """Read an inspection written by `save`: its requests, and views whose records carry a trace
+    (the draft's attention, the scores and rows) without the assembled cache. With `parameters`,
+    refuse one saved with other settings."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no saved inspection at {path}")
+    try:
+        stored = torch.load(path, weights_only=True)
+        document, tensors = json.loads(stored["document"]), stored["tensors"]
+    except Exception as err:
+        raise ValueError(f"{path} is not a saved inspection ({type(err).__name__}: {err})") from None
+    if document.get("format") != FORMAT:
+        raise ValueError(f"{path} has format {document.get('format')!r}; this lab reads {FORMAT!r}")
+    if parameters is not None:
+        wanted = {k: parameters[k] for k in KEYS}
+        differ = [k for k in KEYS if document["parameters"].get(k) != wanted[k]]
+        if differ:
+            k = differ[0]
+            raise ValueError(f"{path} was saved with {k}={document['parameters'].get(k)!r}, not {wanted[k]!r}")
+    requests = [
+        RequestRecord(r["item_id"], r["benchmark"], r["condition"], [CallRecord(**c) for c in r["calls"]])
+        for r in document["requests"]
+    ]
+    views = []
+    for i, v in enumerate(document["views"]):
+        record = next(c for c in requests[v["index"]].calls if c.node == v["node"])
+        draft = Draft(v["draft_tokens"], tensors["attention"][i])
+        record.trace = Trace(None, draft, tensors["candidates"][i], tensors["scores"][i], v["trace_rows"])
+        answers = {(tuple(rows), tokens): text for rows, tokens, text in v["answers"]}
+        views.append(CallView(v["index"], v["item_id"], record, v["tokens"], v["segments"], v["dense_text"], answers))
+    return Inspection(document["condition"], requests, views, document["parameters"])
+
+
+def find(parameters: dict, folders) -> Path | None:
+    """The first of `folders` holding a saved inspection with these settings (by file name; `load`
+    with the same parameters checks them), else None."""
+    name = file_name(parameters)
+    return next((Path(f) / name for f in folders if (Path(f) / name).is_file()), None)

@@ -234,3 +234,15 @@ def setup() -> None:
     pd.set_option("display.precision", 3)
     pd.set_option("display.max_colwidth", 120)
     pd.set_option("display.max_columns", 40)
+
+
+APP = "BCR_APP"  # set in the kernel's environment by `bcr explore` (bcr_core.lab.app)
+
+
+def static_copy(figure) -> None:
+    """Show a static copy of a live figure, for the HTML report. Left out in the app, which shows the
+    live figure and runs offline (the copy's HTML would load MathJax from a CDN)."""
+    import plotly.graph_objects as go
+
+    if not os.environ.get(APP):
+        go.Figure(figure).show()

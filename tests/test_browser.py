@@ -1,0 +1,218 @@
+"""Notebook 09 in a real browser: the Voila app (`bcr explore`) and JupyterLab, each driven by
+Playwright through the system Chromium (headless) on the committed saved inspection, so no model is
+loaded. Each moves rho, the layout, the layer and the head, and reads the plotly figure back from the
+page: its highlighted rows are the rows the layout selects, its title counts them, and neither the
+browser's console nor JupyterLab's log console holds an error.
+
+Chromium comes from the system (`make setup` installs Debian's `chromium` when it is missing and it
+can); the tests skip without it, except where BCR_REQUIRE_BROWSER is set (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bcr_core import lab
+from bcr_core.lab import app
+from bcr_core.lab import inspection as saved_inspection
+
+pytest.importorskip("voila")
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = next(
+    (
+        p
+        for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
+        if p and Path(p).exists()
+    ),
+    None,
+)
+if CHROMIUM is None:
+    if os.environ.get("BCR_REQUIRE_BROWSER"):
+        pytest.fail("BCR_REQUIRE_BROWSER is set but no chromium is installed (make setup installs it as root)")
+    pytest.skip(
+        "no chromium on this machine: `apt-get install chromium` (make setup does it as root)", allow_module_level=True
+    )
+
+FIGURE = "() => document.querySelector('.js-plotly-plot')"
+READ = f"""() => {{
+    const p = ({FIGURE})();
+    if (!p || !p.data || p.data.length < 3 || !p._fullLayout) return null;
+    return {{rows: Array.from(p.data[2].x || []), title: p._fullLayout.title.text}};
+}}"""
+CHANGES = [  # control, value shown in the page, the explorer's setting it gives
+    ("rho", "0.4", {"rho": 0.4}),
+    ("layout", "single", {"layout": "single"}),
+    ("layer", "3", {"layer": 3}),
+    ("head", "1", {"head": 1}),
+]
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def explorer_setup(tmp_path_factory):
+    """The app's notebook copy (notebook 09 on the committed inspection) and what it starts at."""
+    prepared = app.explorer_notebook({}, tmp_path_factory.mktemp("app"))
+    assert prepared.saved is not None, "the committed saved inspection does not match notebook 09's defaults"
+    inspection = saved_inspection.load(prepared.saved)
+    return prepared, inspection
+
+
+def expected(inspection, parameters: dict, setting: dict):
+    """The rows notebook 09's explorer selects at `setting`, on the call it starts at."""
+    view = inspection.view(parameters["item"], parameters["call"])
+    s = {"layer": None, "head": None, "layout": parameters["layout"], "rho": parameters["rho"]} | setting
+    drawn = lab.explore(view, s["layer"], s["head"], s["layout"], s["rho"], parameters["chunk"])
+    return drawn.selected, f"{view.rows} cached rows, {drawn.count} selected"
+
+
+def wait_for(page, rows, title):
+    """Wait until the page's figure highlights `rows` under a title containing `title`; the seconds it took."""
+    started = time.perf_counter()
+    page.wait_for_function(
+        f"([rows, title]) => {{ const s = ({READ})(); return s && s.title.includes(title) && "
+        "JSON.stringify(s.rows) === JSON.stringify(rows); }",
+        arg=[rows, title],
+        timeout=TIMEOUT_MS,
+    )
+    return time.perf_counter() - started
+
+
+def change(page, control: str, value: str) -> None:
+    """Move one of the explorer's controls as a user would."""
+    if control == "rho":
+        readout = page.locator(".widget-slider .widget-readout").first
+        readout.click()
+        page.keyboard.press("Control+A")
+        page.keyboard.type(value)
+        page.keyboard.press("Enter")
+    elif control == "layout":
+        page.locator(".widget-toggle-button", has_text=value).first.click()
+    else:  # the dropdowns: item, agent call, layer, head
+        index = {"layer": 2, "head": 3}[control]
+        page.locator(".widget-dropdown select").nth(index).select_option(label=value)
+
+
+def drive(page, inspection, parameters, report: dict) -> None:
+    """From the explorer's starting figure, make each change and check the figure after it."""
+    rows, title = expected(inspection, parameters, {})
+    report["first figure s"] = round(wait_for(page, rows, title) + report.pop("navigation s", 0.0), 1)
+    setting, updates = {}, []
+    for control, shown, value in CHANGES:
+        setting |= value
+        rows, title = expected(inspection, parameters, setting)
+        started = time.perf_counter()
+        change(page, control, shown)
+        wait_for(page, rows, title)
+        updates.append(time.perf_counter() - started)
+        state = page.evaluate(READ)
+        assert state["rows"] == rows and f"{len(rows)} selected" in state["title"], (control, state)
+    report["control change to updated figure s"] = f"mean {sum(updates) / len(updates):.2f}, max {max(updates):.2f}"
+
+
+def console_errors(page) -> list[str]:
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    return errors
+
+
+def launch(p):
+    browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+    return browser, browser.version
+
+
+def report_line(name: str, report: dict, capsys) -> None:
+    with capsys.disabled():
+        print(f"\n[{name}] " + "; ".join(f"{k}: {v}" for k, v in report.items()), flush=True)
+
+
+def test_voila_app_highlights_the_selection(explorer_setup, tmp_path, capsys):
+    prepared, inspection = explorer_setup
+    port = app.free_port()
+    with open(tmp_path / "voila.log", "w") as log:
+        server = app.start(prepared.notebook, port, log)
+        try:
+            with playwright_api.sync_playwright() as p:
+                browser, version = launch(p)
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                errors = console_errors(page)
+                report = {"chromium": version, "playwright": _playwright_version()}
+                started = time.perf_counter()
+                page.goto(f"http://127.0.0.1:{port}/", timeout=TIMEOUT_MS)
+                report["navigation s"] = time.perf_counter() - started
+                drive(page, inspection, prepared.parameters, report)
+                browser.close()
+        finally:
+            app.stop(server)
+    report_line("voila", report, capsys)
+    assert errors == [], errors
+    assert "Traceback" not in (tmp_path / "voila.log").read_text()
+
+
+def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, capsys):
+    prepared, inspection = explorer_setup
+    port = app.free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--allow-root",  # CI containers run as root
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.ip=127.0.0.1",
+        "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=",
+        "--ServerApp.password=",
+        f"--ServerApp.root_dir={prepared.notebook.parent}",
+        "--LabApp.news_url=",
+        "--LabServerApp.extension_manager=readonly",
+    ]
+    settings = tmp_path / "settings"
+    env = os.environ | {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+    with open(tmp_path / "lab.log", "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            app.wait_listening(port, server)
+            with playwright_api.sync_playwright() as p:
+                browser, version = launch(p)
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                errors = console_errors(page)
+                report = {"chromium": version, "playwright": _playwright_version()}
+                started = time.perf_counter()
+                page.goto(f"http://127.0.0.1:{port}/lab/tree/{prepared.notebook.name}", timeout=TIMEOUT_MS)
+                page.locator(".jp-Notebook").first.wait_for(timeout=TIMEOUT_MS)
+                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
+                    state="attached", timeout=TIMEOUT_MS
+                )
+                page.locator("li.lm-MenuBar-item", has_text="Run").first.click()
+                page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
+                report["navigation s"] = time.perf_counter() - started
+                drive(page, inspection, prepared.parameters, report)
+                page.locator("li.lm-MenuBar-item", has_text="View").first.click()
+                page.locator(".lm-Menu-item", has_text="Show Log Console").first.click()
+                console = page.locator(".jp-LogConsolePanel").first
+                console.wait_for(timeout=TIMEOUT_MS)
+                logged = console.inner_text()
+                cell_errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+                stderr = [cell_errors.nth(i).inner_text() for i in range(cell_errors.count())]
+                browser.close()
+        finally:
+            app.stop(server)
+    report_line("jupyterlab", report, capsys)
+    assert "Error" not in logged and "Traceback" not in logged, logged
+    assert not [s for s in stderr if "Error" in s], stderr
+    assert errors == [], errors
+
+
+def _playwright_version() -> str:
+    from importlib.metadata import version
+
+    return version("playwright")

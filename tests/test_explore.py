@@ -1,0 +1,128 @@
+"""Saved inspections and `bcr explore`: an inspection saved and loaded back gives the explorer the same
+views; the committed one matches notebook 09's defaults; bad arguments are one-line errors."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from bcr_core import lab
+from bcr_core.cli import main
+from bcr_core.lab import app
+from bcr_core.lab import inspection as saved
+from bcr_core.repair.layouts import LayoutConfig
+
+SETTINGS = dict(
+    model="tiny", benchmark="synthetic", item_seed=34, agents=2, n=4, max_new_tokens=4, gamma=1.0, layout="single"
+) | dict(rho=0.2, chunk=8)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_chat):
+    items = lab.Grid("synthetic", 2, 4, 4, item_seed=34).items()
+    return lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4, progress=False)
+
+
+def test_a_saved_inspection_loads_back_to_identical_views(served, tiny_chat, tmp_path):
+    path = saved.save(served, tmp_path, SETTINGS, tiny_chat)
+    assert saved.find(SETTINGS, [tmp_path / "elsewhere", tmp_path]) == path
+    back = saved.load(path, SETTINGS)
+    assert back.parameters == {k: SETTINGS[k] for k in saved.KEYS} and back.condition == served.condition
+    assert len(back.views) == len(served.views) > 0
+    config = LayoutConfig(chunk=8, skip="off")
+    for a, b in zip(served.views, back.views):
+        assert (a.index, a.item_id, a.node, a.tokens, a.segments, a.dense_text) == (
+            b.index,
+            b.item_id,
+            b.node,
+            b.tokens,
+            b.segments,
+            b.dense_text,
+        )
+        assert b.attention.dtype == torch.float32 and torch.equal(a.attention, b.attention)
+        assert a.record.to_dict() == b.record.to_dict() and b.kv is None  # the cache is not saved
+        for layout_name, rho, layer, head in [
+            ("single", 0.2, None, None),
+            ("chunk", 0.5, None, None),
+            ("grow", 0.3, 1, 0),
+        ]:
+            assert a.select(layout_name, rho, config, layer, head) == b.select(layout_name, rho, config, layer, head)
+        # answers decoded before saving come back; others cannot be decoded without the cache
+        unrepaired = a.answer_with(tiny_chat, [], 4)
+        assert b.answer_with(tiny_chat, [], 4) == unrepaired
+        assert b.answer_with(tiny_chat, a.select("single", 0.2, LayoutConfig(chunk=8)), 4) is not None
+        assert b.answer_with(tiny_chat, [0, 1, 2], 3) is None
+    assert back.calls_frame().equals(served.calls_frame())
+
+
+def test_a_saved_inspection_with_other_settings_or_a_bad_file_is_refused(served, tmp_path):
+    path = saved.save(served, tmp_path, SETTINGS)
+    with pytest.raises(ValueError, match=r"was saved with rho=0.2, not 0.3"):
+        saved.load(path, SETTINGS | {"rho": 0.3})
+    assert saved.find(SETTINGS | {"n": 5}, [tmp_path]) is None
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="is not a saved inspection"):
+        saved.load(tmp_path / "junk.pt")
+    with pytest.raises(ValueError, match="settings need"):
+        saved.file_name({"n": 3})
+
+
+def test_the_explorer_runs_on_a_loaded_inspection_without_a_model(served, tmp_path):
+    back = saved.load(saved.save(served, tmp_path, SETTINGS))
+    explorer = lab.Explorer(None, back, served.condition, 4, "single", 0.2, 8)
+    drawn = explorer.update(layout="chunk", rho=0.5)
+    assert lab.highlighted_rows(explorer.figure) == drawn.selected
+    assert "not decoded" in explorer.answers_w.value  # no model, no cache: said, not raised
+    # a view drawn later (Voila, a reloaded page) starts from the widget's synced state: the latest
+    assert [int(x) for x in explorer.figure._widget_data[2]["x"]] == drawn.selected
+    assert f"{drawn.count} selected" in explorer.figure._widget_layout["title"]["text"]
+
+
+def test_the_committed_inspection_is_small_and_matches_notebook_09(tmp_path):
+    prepared = app.explorer_notebook({}, tmp_path)
+    assert prepared.saved is not None and prepared.saved.parent == app.SAVED
+    assert prepared.saved.stat().st_size < 4_000_000
+    inspection = saved.load(prepared.saved, prepared.parameters)
+    assert inspection.views and all(v.kv is None for v in inspection.views)
+    # every view can show its unrepaired answer and the one at the saved setting without a model
+    p = prepared.parameters
+    for v in inspection.views:
+        assert v.answer_with(None, [], p["max_new_tokens"]) is not None
+        rows = v.select(p["layout"], p["rho"], LayoutConfig(chunk=p["chunk"]))
+        assert v.answer_with(None, rows, p["max_new_tokens"]) is not None
+
+
+def test_explore_check_says_what_it_reads(capsys):
+    assert main(["explore", "--check", "--port", str(app.free_port())]) == 0
+    assert capsys.readouterr().out.startswith(f"ok: reads {app.SAVED}")
+    assert main(["explore", "--check", "--port", str(app.free_port()), "-p", "n=4"]) == 0
+    assert "no saved inspection matches: serves 4 requests with the model first" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-p", "n=two"], "parameter 'n' expects int >= 1, got str 'two'"),
+        (["-p", "rho=1.5"], "parameter 'rho' expects float"),
+        (["-p", "layers=3"], "notebook 09 has no parameter 'layers' to set"),
+        (["-p", "results=/tmp"], "notebook 09 has no parameter 'results' to set (results folders are --results)"),
+        (["-p", "n"], "-p takes NAME=VALUE, got 'n'"),
+        (["--port", "70000"], "--port must be in 1-65535, got 70000"),
+        (["--results", "/nonexistent/folder"], "--results /nonexistent/folder is not a folder"),
+    ],
+)
+def test_explore_bad_arguments_are_one_line_errors(args, message, capsys):
+    assert main(["explore", "--check", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bcr explore: error: ") and message in err, err
+
+
+def test_explore_on_a_busy_port_is_a_one_line_error(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert main(["explore", "--port", str(busy.getsockname()[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is in use; pick another with --port" in err
