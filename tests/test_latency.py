@@ -5,6 +5,7 @@ import random
 import pandas as pd
 import pytest
 
+from bcr_core.experiments.bound import Shape, call_flops
 from bcr_core.experiments.latency import summarize_ttft, symbol_segment, ttft_calls
 
 
@@ -32,3 +33,47 @@ def test_every_call_is_served_every_way_and_paired(tiny_chat):
 def test_samples_must_be_positive(tiny_chat):
     with pytest.raises(ValueError, match="samples"):
         ttft_calls(tiny_chat, lengths=(64,), samples=0)
+
+
+def matmul_flops(run) -> int:
+    """Operations torch itself counts in the matmuls of `run()` (attention kernels left out)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    counts = counter.get_flop_counts()["Global"]
+    return sum(v for op, v in counts.items() if "attention" not in str(op))
+
+
+def test_the_bound_counts_the_arithmetic_torch_counts(tiny):
+    """The operation count of `bound`, checked against torch's own FlopCounterMode on real forwards:
+    a prefill of n rows, a repair of some rows, and one decode step with its logits."""
+    shape = Shape.of(tiny.config)
+    ids = list(range(5, 69))
+    assert matmul_flops(lambda: tiny.prefill(ids)) == shape.linear(len(ids))
+    cache = tiny.prefill(ids)
+    rows = [3, 10, 11, 40]
+    assert matmul_flops(lambda: tiny.repair(cache, ids, rows)) == shape.linear(len(rows))
+    assert matmul_flops(lambda: tiny.generate(cache, 7, 1, stop_ids=())) == shape.linear(1, logits=1)
+    n = len(ids)
+    dense_linear, dense_attention = call_flops(shape, "dense", n, [])
+    assert dense_linear == shape.linear(n) + shape.linear(1, logits=1)
+    # attention: row i of the prefill sees i + 1 keys, the decode step n + 1, each pair 4 d_head per head
+    per_pair = 4 * shape.layers * shape.heads * shape.head_dim
+    assert dense_attention == per_pair * (sum(i + 1 for i in range(n)) + n + 1)
+    bcr_linear, bcr_attention = call_flops(shape, "bcr-chunk", n, rows)
+    draft_pairs = (n + 1) + (n + 2)  # two draft steps at positions n and n + 1
+    assert bcr_attention == per_pair * (draft_pairs + sum(p + 1 for p in rows) + n + 1)
+    assert bcr_linear == shape.linear(len(rows)) + shape.linear(2, logits=2) + shape.linear(1, logits=1)
+    assert call_flops(shape, "kvcomm", n, []) == (shape.linear(1, logits=1), per_pair * (n + 1))
+    with pytest.raises(ValueError, match="no operation count for method 'opengate'"):
+        call_flops(shape, "opengate", n, [])
+
+
+def test_ttft_reports_the_bound_and_peak_memory(tiny_chat):
+    calls = ttft_calls(tiny_chat, lengths=(200,), rhos=(0.25,), samples=1, progress=False)
+    table = summarize_ttft(calls).set_index("method")
+    assert (table["bound_fraction"] > 0).all() and (table["peak_rss_mb"] > 0).all()
+    # the same call's arithmetic orders the methods: Dense computes everything, KVComm one row
+    assert table.loc["dense", "bound_ms"] > table.loc["bcr-chunk", "bound_ms"] > table.loc["kvcomm", "bound_ms"]
+    assert table.loc["bcr-chunk", "bound_ms"] > table.loc["coin-chunk", "bound_ms"]  # the draft

@@ -8,17 +8,23 @@ and are not timed. KVComm's gate is forced open (gamma = 1) so every timed call 
 assembled cache. TTFT runs from before anchor matching to the first token, so it includes
 matching, assembly, BCR's two-token draft and the repair; the coin variant spends the same
 budget without the draft. Speedups are means of per-call ratios against Dense on the same call.
+
+Beside each time: the arithmetic the call cannot avoid and the time that takes at the machine's
+measured rates (`bound`), the achieved fraction of that bound, the GFLOP/s achieved, and the
+process's peak resident memory once the length was done.
 """
 
 from __future__ import annotations
 
 import random
+import resource
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
 from bcr_core.data.roles import COPY
+from bcr_core.experiments.bound import Shape, call_flops, measure_rates
 from bcr_core.experiments.conditions import make_server
 from bcr_core.reuse.prompts import QUESTION, Template, build_prompt
 from bcr_core.reuse.segments import share_segment_caches
@@ -65,6 +71,8 @@ def ttft_calls(
     """One row per timed call and method: length, sample, node, method, rho, ttft_s, and the
     paired Dense call's ttft."""
     check_settings(lengths, samples)
+    shape = Shape.of(bb.config)
+    rates = measure_rates(shape, dtype=bb.dtype)
     methods = [("dense", None, "dense"), ("kvcomm", None, "kvcomm@1")]
     methods += [(m, rho, f"{m}@{rho:g}:gamma=1") for rho in rhos for m in ("bcr-chunk", "coin-chunk")]
     rng = random.Random(seed)
@@ -86,6 +94,7 @@ def ttft_calls(
                 for (method, rho), call in timed.items():
                     if method != "dense" and call.mode != "reuse":
                         raise RuntimeError(f"{method} fell back to a dense prefill after warm-up ({call.reason})")
+                    linear, attention = call_flops(shape, method, len(call.merged_ids) - 1, call.repaired_rows)
                     rows.append(
                         {
                             "length": length,
@@ -98,8 +107,13 @@ def ttft_calls(
                             "dense_ttft_s": dense,
                             "assembly_s": call.assembly_s,
                             "rows": call.rows_recomputed,
+                            "flops": linear + attention,
+                            "bound_s": rates.seconds(linear, attention),
                         }
                     )
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        for row in rows:
+            row.setdefault("peak_rss_mb", peak_mb)
     return pd.DataFrame(rows)
 
 
@@ -108,7 +122,10 @@ def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
     anchor matching + cache assembly inside the TTFT (median ms, and its largest share of the
     paired Dense call's TTFT)."""
     calls = calls.assign(
-        ratio=calls["dense_ttft_s"] / calls["ttft_s"], assembly_share=calls["assembly_s"] / calls["dense_ttft_s"]
+        ratio=calls["dense_ttft_s"] / calls["ttft_s"],
+        assembly_share=calls["assembly_s"] / calls["dense_ttft_s"],
+        bound_fraction=calls["bound_s"] / calls["ttft_s"],
+        gflops=calls["flops"] / calls["ttft_s"] / 1e9,
     )
     return (
         calls.groupby(["length", "method", "rho"], sort=False, dropna=False)
@@ -120,6 +137,10 @@ def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
             assembly_ms=("assembly_s", lambda s: 1000 * float(np.median(s))),
             assembly_share_max=("assembly_share", "max"),
             rows_recomputed=("rows", "mean"),
+            bound_ms=("bound_s", lambda s: 1000 * float(np.median(s))),
+            bound_fraction=("bound_fraction", "median"),
+            gflops=("gflops", "median"),
+            peak_rss_mb=("peak_rss_mb", "max"),
             calls=("ratio", "size"),
         )
         .reset_index()
