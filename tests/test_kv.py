@@ -65,3 +65,37 @@ def test_cache_round_trip_shares_storage_and_is_not_written_by_appends():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="positions"):
         KV(torch.zeros(1, 1, 1, 3, 2), torch.zeros(1, 1, 1, 3, 2), torch.arange(4))
+
+
+def test_decoding_appends_in_place_with_the_tokens_of_concatenation(tiny):
+    """Decode grows a preallocated cache in place (no copy of the whole cache per step) and gives
+    exactly the logits of HF's concatenating cache, which the loop below drives by hand."""
+    ids = list(range(3, 80))
+    kv = tiny.prefill(ids[:-1])
+    before = kv.keys.clone()
+    grown = tiny.generate(kv, ids[-1], 20, stop_ids=(), keep_logits=True)
+    cache, token, logits = kv.to_cache(), ids[-1], []
+    for step in range(20):
+        out = tiny.model(
+            input_ids=torch.tensor([[token]]),
+            position_ids=torch.tensor([[kv.next_position + step]]),
+            cache=cache,
+            use_cache=True,
+        )
+        logits.append(out.logits[0, -1].float())
+        token = int(logits[-1].argmax())
+    assert grown.tokens == [int(x.argmax()) for x in logits]
+    assert all(torch.equal(a, b) for a, b in zip(grown.logits, logits))
+    assert torch.equal(kv.keys, before)  # the served span is never written
+    layer = grown.cache.layers[0]
+    assert layer.keys.data_ptr() == layer.key_buffer.data_ptr() and layer.keys.shape[-2] == kv.length + 20
+    assert layer.key_buffer.shape[-2] == kv.length + 20  # room for exactly the steps asked
+
+
+def test_a_growing_cache_past_its_room_falls_back_to_concatenation(tiny):
+    kv = tiny.prefill(list(range(3, 20)))
+    cache = kv.to_cache(room=1)
+    extra = torch.randn_like(kv.keys[0][:, :, :2])
+    keys, _ = cache.layers[0].update(extra, extra)
+    assert keys.shape[-2] == kv.length + 2 and torch.equal(keys[:, :, -2:], extra)
+    assert torch.equal(keys[:, :, : kv.length], kv.keys[0])

@@ -214,7 +214,7 @@ class Backbone:
         """
         if k < 1:
             raise ValueError(f"draft length k must be >= 1, got {k}")
-        cache, position, token = kv.to_cache(), kv.next_position, int(last_id)
+        cache, position, token = kv.to_cache(room=k), kv.next_position, int(last_id)
         tokens, attention = [], []
         with self.attention_implementation(GROUPED_EAGER):
             for _ in range(k):
@@ -235,9 +235,9 @@ class Backbone:
         the given continuation instead of the argmax (for next-token KL against a reference).
         """
         stop = set(self.stop_ids if stop_ids is None else stop_ids)
-        cache, position, token = kv.to_cache(), kv.next_position, int(last_id)
-        tokens, logits, first_token_at = [], [], None
         steps = max_new_tokens if forced is None else len(forced)
+        cache, position, token = kv.to_cache(room=steps), kv.next_position, int(last_id)
+        tokens, logits, first_token_at = [], [], None
         for step in range(steps):
             out = self._step(cache, token, position)
             step_logits = out.logits[0, -1]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 ROW_DIM = 3  # keys/values are (layers, batch, kv_heads, rows, head_dim)
 
@@ -91,12 +92,15 @@ class KV:
             torch.cat([p.positions for p in parts]),
         )
 
-    def to_cache(self) -> DynamicCache:
-        """A Hugging Face cache over these rows, sharing storage.
+    def to_cache(self, room: int = 0) -> DynamicCache:
+        """A Hugging Face cache over these rows; a forward pass on it never writes into this span.
 
-        HF's dynamic layers grow by concatenation, so a forward pass on the returned cache
-        allocates new tensors and never writes into this span.
+        With `room` = 0 the cache shares this span's storage and HF's dynamic layers grow by
+        concatenation (every step copies the whole cache). With `room` > 0 the rows are copied once
+        into buffers with room for that many more, and each step writes its rows in place (`GrowingLayer`).
         """
+        if room > 0:
+            return growing_cache(self.keys, self.values, room)
         return cache_over(list(self.keys), list(self.values))
 
     @staticmethod
@@ -114,4 +118,36 @@ def cache_over(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicC
     cache = DynamicCache(ddp_cache_data=[(empty, empty)] * len(keys))
     for layer, k, v in zip(cache.layers, keys, values):
         layer.keys, layer.values = k, v
+    return cache
+
+
+class GrowingLayer(DynamicLayer):
+    """A dynamic cache layer preallocated with room for more rows: `update` writes the new rows into
+    the buffer and returns views of the filled part, instead of concatenating a new copy each step.
+    Past its room it grows as HF's layer does."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        n = keys.shape[-2]
+        shape = (*keys.shape[:-2], n + room, keys.shape[-1])
+        self.key_buffer, self.value_buffer = keys.new_empty(shape), values.new_empty(shape)
+        self.key_buffer[..., :n, :] = keys
+        self.value_buffer[..., :n, :] = values
+        self.keys, self.values = self.key_buffer[..., :n, :], self.value_buffer[..., :n, :]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n, new = self.keys.shape[-2], key_states.shape[-2]
+        if n + new > self.key_buffer.shape[-2]:
+            return super().update(key_states, value_states, *args, **kwargs)
+        self.key_buffer[..., n : n + new, :] = key_states
+        self.value_buffer[..., n : n + new, :] = value_states
+        self.keys, self.values = self.key_buffer[..., : n + new, :], self.value_buffer[..., : n + new, :]
+        return self.keys, self.values
+
+
+def growing_cache(keys: torch.Tensor, values: torch.Tensor, room: int) -> DynamicCache:
+    """A Hugging Face cache over (layers, B, H, T, D) keys and values, copied once into `GrowingLayer`s."""
+    cache = cache_over(list(keys), list(values))
+    cache.layers = [GrowingLayer(k, v, room) for k, v in zip(keys, values)]
     return cache
