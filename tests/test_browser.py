@@ -117,6 +117,13 @@ def drive(page, inspection, parameters, report: dict) -> None:
     report["control change to updated figure s"] = f"mean {sum(updates) / len(updates):.2f}, max {max(updates):.2f}"
 
 
+def server_errors(log: str) -> list[str]:
+    """The tracebacks in a server's log, less those of a browser socket closing (tornado logs
+    `WebSocketClosedError`/`StreamClosedError` when a page goes away mid-message: not the app's error)."""
+    blocks = log.split("Traceback (most recent call last):")[1:]
+    return [b for b in blocks if "WebSocketClosedError" not in b and "StreamClosedError" not in b]
+
+
 def console_errors(page) -> list[str]:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -154,7 +161,7 @@ def test_voila_app_highlights_the_selection(explorer_setup, tmp_path, capsys):
             app.stop(server)
     report_line("voila", report, capsys)
     assert errors == [], errors
-    assert "Traceback" not in (tmp_path / "voila.log").read_text()
+    assert server_errors((tmp_path / "voila.log").read_text()) == []
 
 
 def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, capsys):
