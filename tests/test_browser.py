@@ -124,6 +124,22 @@ def server_errors(log: str) -> list[str]:
     return [b for b in blocks if "WebSocketClosedError" not in b and "StreamClosedError" not in b]
 
 
+def run_all(page, tries: int = 3) -> None:
+    """Run > Run All Cells, until a cell has started (a prompt shows [*] or a count): a Run All
+    that lands while the kernel is still connecting runs nothing, whatever the status bar says."""
+    prompts = "Array.from(document.querySelectorAll('.jp-InputArea-prompt'))"
+    started = f"() => {prompts}.some(e => /\\[[*0-9]/.test(e.textContent))"
+    for _ in range(tries):
+        page.locator("li.lm-MenuBar-item", has_text="Run").first.click()
+        page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
+        try:
+            page.wait_for_function(started, timeout=15_000)
+            return
+        except playwright_api.TimeoutError:
+            continue
+    raise AssertionError(f"Run All started no cell in {tries} tries")
+
+
 def console_errors(page) -> list[str]:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -196,11 +212,10 @@ def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, c
                 started = time.perf_counter()
                 page.goto(f"http://127.0.0.1:{port}/lab/tree/{prepared.notebook.name}", timeout=TIMEOUT_MS)
                 page.locator(".jp-Notebook").first.wait_for(timeout=TIMEOUT_MS)
-                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
-                    state="attached", timeout=TIMEOUT_MS
-                )
-                page.locator("li.lm-MenuBar-item", has_text="Run").first.click()
-                page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
+                # the kernel connected: the status bar reads "... | Idle" only after "Initializing",
+                # "Connecting" and "Unknown"; a Run All before that runs nothing
+                page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=TIMEOUT_MS)
+                run_all(page)
                 report["navigation s"] = time.perf_counter() - started
                 drive(page, inspection, prepared.parameters, report)
                 page.locator("li.lm-MenuBar-item", has_text="View").first.click()

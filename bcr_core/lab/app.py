@@ -70,8 +70,7 @@ def explorer_notebook(parameters: dict, folder: Path, results: Path = SAVED, res
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / NOTEBOOK.name
     nbformat.write(notebook, target)
-    settings = {k: checked[k] for k in inspection.KEYS}
-    return Prepared(target, checked, inspection.find(settings, [results, Path(results_dir) / "explorer"]))
+    return Prepared(target, checked, inspection.find(checked, [results, Path(results_dir) / "explorer"]))
 
 
 def port_free(port: int) -> bool:

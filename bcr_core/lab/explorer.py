@@ -272,7 +272,7 @@ class Explorer:
         self.busy = False
         for w in (self.item_w, *self.controls.values()):
             w.observe(self.on_change, names="value")
-        self.shown = self.render()
+        self.render()  # sets self.shown
         self.widget = W.VBox(
             [
                 W.HBox([self.item_w, self.call_w]),

@@ -266,15 +266,19 @@ FORMAT = "bcr-inspection/1"
 KEYS = ("model", "benchmark", "item_seed", "agents", "n", "max_new_tokens", "gamma", "layout", "rho", "chunk")
 
 
-def file_name(parameters: dict) -> str:
-    """The file a saved inspection with these settings has: readable, plus a hash of all of them."""
+def settings_of(parameters: dict) -> dict:
+    """The `KEYS` of a notebook's parameters: what decides an inspection's content."""
     missing = [k for k in KEYS if k not in parameters]
     if missing:
         raise ValueError(f"an inspection's settings need {', '.join(missing)}; got {', '.join(parameters)}")
-    settings = {k: parameters[k] for k in KEYS}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    p = settings
-    return f"{p['benchmark']}-a{p['agents']}-n{p['n']}-t{p['max_new_tokens']}-{p['layout']}@{p['rho']:g}-{digest}.pt"
+    return {k: parameters[k] for k in KEYS}
+
+
+def file_name(parameters: dict) -> str:
+    """The file a saved inspection with these settings has: readable, plus a hash of all of them."""
+    s = settings_of(parameters)
+    digest = hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{s['benchmark']}-a{s['agents']}-n{s['n']}-t{s['max_new_tokens']}-{s['layout']}@{s['rho']:g}-{digest}.pt"
 
 
 def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
@@ -282,7 +286,7 @@ def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
     every call's unrepaired answer and its answer at the saved layout and rho (BCR's summed score),
     so the explorer can show them without a model; the caches themselves are not saved."""
     path = Path(folder) / file_name(parameters)
-    settings = {k: parameters[k] for k in KEYS}
+    settings = settings_of(parameters)
     config = LayoutConfig(chunk=settings["chunk"])
     for v in inspection.views:
         for rows in ([], v.select(settings["layout"], settings["rho"], config)):
@@ -333,7 +337,7 @@ def load(path, parameters: dict | None = None) -> Inspection:
     if document.get("format") != FORMAT:
         raise ValueError(f"{path} has format {document.get('format')!r}; this lab reads {FORMAT!r}")
     if parameters is not None:
-        wanted = {k: parameters[k] for k in KEYS}
+        wanted = settings_of(parameters)
         differ = [k for k in KEYS if document["parameters"].get(k) != wanted[k]]
         if differ:
             k = differ[0]
