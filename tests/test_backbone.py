@@ -327,6 +327,22 @@ def test_config_only_names_resolve_to_published_shapes_or_fail_clearly(tmp_path)
         config_only(f"config:{tmp_path}")  # a directory without config.json
 
 
+def test_a_config_directory_with_a_tokenizer_speaks_its_own(tmp_path, chat_tokenizer):
+    """`config:DIR` takes DIR's tokenizer when one is saved beside the config (a model downloaded
+    without weights), and the embedded one otherwise."""
+    from conftest import tiny_llama_config
+
+    tiny_llama_config(vocab_size=len(chat_tokenizer) + 1).save_pretrained(tmp_path / "own")
+    tiny_llama_config(vocab_size=len(chat_tokenizer)).save_pretrained(tmp_path / "bare")
+    own = chat_tokenizer.__class__.from_pretrained(chat_tokenizer.name_or_path)
+    own.add_tokens(["<|only-here|>"])
+    own.save_pretrained(tmp_path / "own")
+    for spec in (tmp_path / "own", tmp_path / "own" / "config.json"):
+        assert "<|only-here|>" in Backbone.load(f"config:{spec}", device="cpu").tokenizer.get_vocab()
+    bare = Backbone.load(f"config:{tmp_path / 'bare'}", device="cpu").tokenizer
+    assert "<|only-here|>" not in bare.get_vocab() and len(bare) == len(chat_tokenizer)
+
+
 def test_sequences_joining_a_running_batch_decode_as_if_alone(tiny):
     from bcr_core.engine.batching import BatchDecoder
 

@@ -5,7 +5,7 @@ import random
 import pandas as pd
 import pytest
 
-from bcr_core.experiments.bound import Shape, call_flops
+from bcr_core.experiments.bound import Rates, Shape, call_flops, call_passes
 from bcr_core.experiments.latency import summarize_ttft, symbol_segment, ttft_calls
 
 
@@ -68,6 +68,24 @@ def test_the_bound_counts_the_arithmetic_torch_counts(tiny):
     assert call_flops(shape, "kvcomm", n, []) == (shape.linear(1, logits=1), per_pair * (n + 1))
     with pytest.raises(ValueError, match="no operation count for method 'opengate'"):
         call_flops(shape, "opengate", n, [])
+
+
+def test_each_pass_is_bounded_by_its_arithmetic_or_its_memory_traffic(tiny):
+    """The roofline written out for a KVComm call: the assembly moves 2n cache rows and computes
+    nothing; the decode step reads every weight, the LM head and n + 1 cached rows."""
+    shape = Shape.of(tiny.config)
+    c = tiny.config
+    n, layers, kv_width = 100, c.num_hidden_layers, c.num_key_value_heads * c.head_dim
+    params = sum(p.numel() for name, p in tiny.model.named_parameters() if "norm" not in name and "embed" not in name)
+    row = 2 * layers * kv_width  # one cached row: keys and values of every layer
+    assembly, decode = call_passes(shape, "kvcomm", n, [])
+    assert (assembly.linear, assembly.attention, assembly.elements) == (0, 0, 2 * n * row)
+    assert decode.elements == params + (n + 1) * row  # the LM head is among the parameters (untied)
+    slow_memory = Rates(matmul=1e12, attention=1e12, bandwidth=1e6)
+    assert slow_memory.seconds([assembly, decode]) == pytest.approx((2 * n * row + decode.elements) / 1e6)
+    slow_arithmetic = Rates(matmul=1e3, attention=1e4, bandwidth=1e15)
+    expected = decode.linear / 1e3 + decode.attention / 1e4 + 2 * n * row / 1e15
+    assert slow_arithmetic.seconds([assembly, decode]) == pytest.approx(expected)
 
 
 def test_ttft_reports_the_bound_and_peak_memory(tiny_chat):

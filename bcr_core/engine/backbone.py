@@ -39,6 +39,7 @@ from bcr_core.engine.models import (
     CONFIG_PREFIX,
     check_architecture,
     config_only,
+    config_tokenizer_dir,
     default_device,
     default_dtype,
     embedded_model_dir,
@@ -111,7 +112,8 @@ class Backbone:
             from transformers import AutoTokenizer
 
             bb = cls.from_config(config_only(model), device=device, dtype=dtype)
-            bb.tokenizer, bb.name = AutoTokenizer.from_pretrained(embedded_model_dir()), model
+            bb.tokenizer = AutoTokenizer.from_pretrained(config_tokenizer_dir(model) or embedded_model_dir())
+            bb.name = model
             return bb
         hf_model, tokenizer = load_pretrained(model, device=device, dtype=dtype)
         return cls(hf_model, tokenizer, name=model or "default")

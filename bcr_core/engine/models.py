@@ -8,8 +8,8 @@ A model is named by one string:
   (or the hub, where the user's machine can reach it);
 - `config:NAME` or `config:PATH`: a config-only model, random weights with a real model's shapes
   (a named shape from `CONFIG_SHAPES`, or a config.json / model directory). Timing does not depend
-  on weights, so this is how TTFT is measured at the paper's shapes without downloading them; the
-  embedded model's tokenizer supplies the ids.
+  on weights, so this is how TTFT is measured at the paper's shapes without downloading them; a
+  model directory's own tokenizer supplies the ids when it holds one, else the embedded model's.
 """
 
 from __future__ import annotations
@@ -245,6 +245,15 @@ def config_only(name: str):
         return AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError) as err:
         raise ModelError(f"config-only model {name!r}: cannot read {path}: {err}") from err
+
+
+def config_tokenizer_dir(name: str) -> Path | None:
+    """The directory of a `config:PATH` model when it holds a tokenizer beside its config, else None."""
+    path = Path(os.path.expanduser(name[len(CONFIG_PREFIX) :].strip()))
+    folder = path if path.is_dir() else path.parent
+    if path.exists() and any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return folder
+    return None
 
 
 def check_architecture(config) -> None:

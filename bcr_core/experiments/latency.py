@@ -21,10 +21,11 @@ import resource
 
 import numpy as np
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 from bcr_core.data.roles import COPY
-from bcr_core.experiments.bound import Shape, call_flops, measure_rates
+from bcr_core.experiments.bound import Shape, call_passes, measure_rates
 from bcr_core.experiments.conditions import make_server
 from bcr_core.reuse.prompts import QUESTION, Template, build_prompt
 from bcr_core.reuse.segments import share_segment_caches
@@ -72,13 +73,13 @@ def ttft_calls(
     paired Dense call's ttft."""
     check_settings(lengths, samples)
     shape = Shape.of(bb.config)
-    rates = measure_rates(shape, dtype=bb.dtype)
     methods = [("dense", None, "dense"), ("kvcomm", None, "kvcomm@1")]
     methods += [(m, rho, f"{m}@{rho:g}:gamma=1") for rho in rhos for m in ("bcr-chunk", "coin-chunk")]
     rng = random.Random(seed)
     templates = copy_templates()
     rows = []
     for length in lengths:
+        rates = measure_rates(shape, rows=max(length, 64), dtype=bb.dtype, device=bb.device)
         servers = {(m, r): make_server(bb, spec) for m, r, spec in methods}
         caches = share_segment_caches(bb, servers.values())
         total = WARM_UP_REQUESTS + samples
@@ -94,7 +95,7 @@ def ttft_calls(
                 for (method, rho), call in timed.items():
                     if method != "dense" and call.mode != "reuse":
                         raise RuntimeError(f"{method} fell back to a dense prefill after warm-up ({call.reason})")
-                    linear, attention = call_flops(shape, method, len(call.merged_ids) - 1, call.repaired_rows)
+                    passes = call_passes(shape, method, len(call.merged_ids) - 1, call.repaired_rows)
                     rows.append(
                         {
                             "length": length,
@@ -107,14 +108,24 @@ def ttft_calls(
                             "dense_ttft_s": dense,
                             "assembly_s": call.assembly_s,
                             "rows": call.rows_recomputed,
-                            "flops": linear + attention,
-                            "bound_s": rates.seconds(linear, attention),
+                            "flops": sum(p.linear + p.attention for p in passes),
+                            "bound_s": rates.seconds(passes),
                         }
                     )
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        del servers, caches  # the next length's servers are built after these are freed
+        peak = peak_memory_mb(bb.device)
         for row in rows:
-            row.setdefault("peak_rss_mb", peak_mb)
+            for key, value in peak.items():
+                row.setdefault(key, value)
     return pd.DataFrame(rows)
+
+
+def peak_memory_mb(device) -> dict[str, float]:
+    """The process's peak resident memory so far, and on a GPU its peak allocated device memory."""
+    peak = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux reports KiB
+    if torch.device(device).type == "cuda":
+        peak["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return peak
 
 
 def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
@@ -141,6 +152,7 @@ def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
             bound_fraction=("bound_fraction", "median"),
             gflops=("gflops", "median"),
             peak_rss_mb=("peak_rss_mb", "max"),
+            **({"peak_gpu_mb": ("peak_gpu_mb", "max")} if "peak_gpu_mb" in calls else {}),
             calls=("ratio", "size"),
         )
         .reset_index()
