@@ -252,3 +252,44 @@ def test_fused_assembly_matches_predict_shift_concatenate(tiny_chat):
         assert torch.allclose(served.keys, expected.keys, atol=1e-5, rtol=0)
         assert torch.allclose(served.values, expected.values, atol=1e-5, rtol=0)
         assert tiny_chat.generate(expected, last, 12).tokens == call.output_tokens
+
+
+def test_a_deviation_prefilled_from_the_same_ids_is_held_once(tiny_chat):
+    """Two servers on one segment-cache store, and two nodes whose prompts are the same text (the
+    TTFT protocol's five CopyMachines): one deviation object per distinct prefilled text, equal to
+    Equation 1 computed alone, and forgotten once no anchor holds it."""
+    import gc
+
+    from bcr_core.experiments.latency import copy_templates
+    from bcr_core.reuse.calls import drive
+    from bcr_core.reuse.prompts import QUESTION, build_prompt
+    from bcr_core.reuse.segments import share_segment_caches
+
+    servers = [KVCommServer(tiny_chat, KVCommConfig(gamma=1.0), name=f"kvcomm{i}") for i in range(2)]
+    caches = share_segment_caches(tiny_chat, servers)
+    twins = copy_templates(2)  # agent_1 and agent_2: different nodes, the same prompt text
+    for question in QUESTIONS[:2]:
+        for template in twins:
+            prompt = build_prompt(tiny_chat.tokenizer, template, {QUESTION: question})
+            for server in servers:
+                caches.prepare(prompt)
+                assert drive(tiny_chat, server.steps(prompt, 2)).mode == "dense"  # < 2 anchors: all dense
+    held = {
+        id(d.segment)
+        for s in servers
+        for pool in s.pool.pools.values()
+        for anchor in pool
+        for d in anchor.deviations.values()
+    }
+    assert len(held) == 2 == len(caches.deviations)  # 2 questions x 2 nodes x 2 servers: 2 texts
+    alone = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
+    prompt = build_prompt(tiny_chat.tokenizer, twins[1], {QUESTION: QUESTIONS[0]})
+    alone.caches.prepare(prompt)
+    drive(tiny_chat, alone.steps(prompt, 2))
+    mine, shared = (s.pool.anchors(QUESTION)[0].deviations["agent_2"] for s in (alone, servers[1]))
+    assert torch.equal(mine.segment.keys, shared.segment.keys) and torch.equal(mine.after.values, shared.after.values)
+    for server in servers:
+        server.pool.pools.clear()
+    del mine, shared, alone
+    gc.collect()
+    assert len(caches.deviations) == 0

@@ -2,6 +2,7 @@
 
 import pandas as pd
 import pytest
+import torch
 
 from bcr_core.experiments import runner
 from bcr_core.experiments.runner import Cell, run_cell
@@ -144,3 +145,28 @@ def test_batched_runner_serves_a_stateful_condition_one_item_at_a_time(tiny_chat
     assert [key[1] for key, _ in kvcomm] == list(range(6))
     assert all(r[0] != "kvcomm@1" for _, running in kvcomm for r in running)
     assert max(sum(r[0] == "dense" for r in running) for _, running in starts) >= 2  # Dense's items overlap
+
+
+def test_shared_prefills_compute_each_prompt_once_and_never_change_it(tiny_chat):
+    """Three servers on one prompt: each distinct prefill is computed once, every call gets the
+    tokens of its own prefill, and decoding from the shared cache leaves it as computed."""
+    from bcr_core.experiments.latency import copy_templates
+    from bcr_core.reuse.anchors import KVCommConfig
+    from bcr_core.reuse.prompts import QUESTION, build_prompt
+    from bcr_core.reuse.segments import SharedPrefills
+    from bcr_core.reuse.servers import DenseServer, KVCommServer
+
+    prompt = build_prompt(tiny_chat.tokenizer, copy_templates(1)[0], {QUESTION: "Ann has 12 marbles."})
+    make = lambda: [DenseServer(tiny_chat), *(KVCommServer(tiny_chat, KVCommConfig(gamma=1.0)) for _ in range(2))]
+    alone = [s.serve(prompt, 8) for s in make()]
+    servers, shared = make(), SharedPrefills(tiny_chat)
+    for server in servers:
+        server.prefills = shared
+    together = [s.serve(prompt, 8) for s in servers]
+    distinct = {tuple(prompt.dense_ids[:-1]), tuple(prompt.merged_ids[:-1])}
+    assert (shared.computed, shared.shared) == (len(distinct), 3 - len(distinct))
+    assert [c.output_tokens for c in together] == [c.output_tokens for c in alone]
+    assert together[1].served[0] is together[2].served[0]  # the KVComm fallbacks share one cache
+    fresh = tiny_chat.prefill(prompt.merged_ids[:-1])
+    kept = shared(prompt.merged_ids[:-1])
+    assert torch.equal(kept.keys, fresh.keys) and torch.equal(kept.values, fresh.values)

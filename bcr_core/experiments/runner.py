@@ -24,7 +24,7 @@ from bcr_core.agents.pipeline import Pipeline
 from bcr_core.data import benchmarks
 from bcr_core.experiments.conditions import expand_seeds, make_server, parse
 from bcr_core.experiments.lanes import Unit, run_lanes
-from bcr_core.reuse.segments import share_segment_caches
+from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
 
 
@@ -288,8 +288,10 @@ def run_cell(
 
     `batch` > 1 serves up to that many requests at once with their decoding batched
     (`lanes.run_lanes`): Dense's items in any order, each stateful condition's items one at a
-    time in order, so results equal batch size 1 up to float rounding in batched decoding. Call
-    times then include waiting for the batch; measure latency at batch size 1 or with `bcr ttft`.
+    time in order, so results equal batch size 1 up to float rounding in batched decoding. Dense
+    prefills of ids another condition already prefilled are shared (`SharedPrefills`). Call times
+    then include waiting for the batch and exclude shared prefills; measure latency at batch size 1
+    or with `bcr ttft`.
     """
     files = RunFiles(out, cell)
     try:
@@ -299,6 +301,10 @@ def run_cell(
         servers = {c: make_server(bb, c) for c in cell.conditions}
         share_segment_caches(bb, servers.values())
         reference = SharedReference(bb) if cell.fidelity else None
+        if batch > 1:  # at batch size 1 every call pays its own prefill, so its TTFT stays a latency
+            prefills = SharedPrefills(bb)
+            for server in [*servers.values(), *([reference] if reference else [])]:
+                server.prefills = prefills
         units = []
         for index, item in enumerate(items):
             item_id = str(item["id"])

@@ -116,13 +116,19 @@ class Served:
 class Server:
     """A serving policy. `steps(prompt, max_new_tokens)` is a generator that yields `Decode`
     requests and returns the `CallRecord`; `serve` runs it with immediate decoding. Set `trace`
-    to keep a `Trace` on every call served from an assembled cache."""
+    to keep a `Trace` on every call served from an assembled cache. Set `prefills` (a
+    `segments.SharedPrefills`) to take dense prefills of ids another server already prefilled."""
 
     bb: Backbone
     trace: bool = False
+    prefills = None
 
     def serve(self, prompt, max_new_tokens: int) -> CallRecord:
         return drive(self.bb, self.steps(prompt, max_new_tokens))
+
+    def prefill(self, ids: list[int]) -> KV:
+        """A call's dense prefill: computed here, or taken from the shared store when one is set."""
+        return self.bb.prefill(ids) if self.prefills is None else self.prefills(ids)
 
     def steps(self, prompt, max_new_tokens: int) -> Generator[Decode, Generation, CallRecord]:
         raise NotImplementedError

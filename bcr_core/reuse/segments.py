@@ -1,9 +1,12 @@
 """The segments of an assembled prompt: where each placeholder's value lies, which rows KVComm
-predicts, and the exact caches (node prefixes, segment bases) every KVComm-based server reads."""
+predicts, and the exact caches (node prefixes, segment bases) and anchor deviations every
+KVComm-based server reads."""
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.kv import KV
@@ -13,7 +16,12 @@ from bcr_core.reuse.prompts import Prompt, base_header, tokenize
 class SegmentCaches:
     """Exact caches keyed by token content: node prefixes (at position 0) and base caches
     (a segment behind the user-turn header alone, moved to position 0). A base is computed once
-    per distinct segment, when the segment is first seen, and shared by every call that uses it."""
+    per distinct segment, when the segment is first seen, and shared by every call that uses it.
+
+    Anchor deviations are kept here too, keyed by the ids they were computed from: the rows of a
+    dense prefill up to position p depend only on ids[:p], so two nodes (or two servers) that
+    prefilled the same text hold the same deviation, and hold it once. Only anchors keep them
+    alive: the store forgets a deviation when the last anchor holding it is evicted."""
 
     def __init__(self, bb: Backbone, max_bases: int = 256):
         self.bb = bb
@@ -21,6 +29,15 @@ class SegmentCaches:
         self.prefixes: dict[tuple[int, ...], KV] = {}
         self.bases: OrderedDict[tuple[int, ...], KV] = OrderedDict()
         self.max_bases = max_bases
+        self.deviations: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def deviation(self, key: tuple, compute: Callable):
+        """The deviation stored under `key` (the ids it depends on and its rows), computing it once."""
+        found = self.deviations.get(key)
+        if found is None:
+            found = compute()
+            self.deviations[key] = found
+        return found
 
     def prefix(self, ids: list[int]) -> KV:
         key = tuple(ids)
@@ -46,6 +63,31 @@ class SegmentCaches:
         self.prefix(prompt.segments[0].ids)
         for segment in prompt.segments[1:]:
             self.base(segment.ids)
+
+
+class SharedPrefills:
+    """Dense prefills of whole prompts, kept for other servers that prefill the same ids. In a cell
+    every condition's first agent reads the same prompt, and a later agent's prompt is the same
+    wherever the answers before it agree, so most dense prefills repeat across conditions. A
+    prefill depends on its ids alone and the engine never writes into a served cache, so a shared
+    prefill is bit-identical to computing it again. The `keep` most recently used are kept."""
+
+    def __init__(self, bb: Backbone, keep: int = 32):
+        self.bb, self.keep = bb, keep
+        self.kept: OrderedDict[tuple[int, ...], KV] = OrderedDict()
+        self.computed = self.shared = 0
+
+    def __call__(self, ids: list[int]) -> KV:
+        key = tuple(ids)
+        if key in self.kept:
+            self.kept.move_to_end(key)
+            self.shared += 1
+            return self.kept[key]
+        self.kept[key] = kv = self.bb.prefill(ids)
+        self.computed += 1
+        if len(self.kept) > self.keep:
+            self.kept.popitem(last=False)
+        return kv
 
 
 def share_segment_caches(bb: Backbone, servers) -> SegmentCaches:

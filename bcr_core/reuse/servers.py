@@ -33,7 +33,7 @@ class DenseServer(Server):
     def steps(self, prompt: Prompt, max_new_tokens: int):
         ids = prompt.merged_ids if self.token_matched else prompt.dense_ids
         started = time.perf_counter()
-        kv = self.bb.prefill(ids[:-1])
+        kv = self.prefill(ids[:-1])
         generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
         return CallRecord(
             node=prompt.template.node,
@@ -82,7 +82,7 @@ class KVCommServer(Server):
                 for d in decisions:
                     self.pool.activate(d)
         if served is None:
-            kv = self.bb.prefill(ids[:-1])
+            kv = self.prefill(ids[:-1])
             generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
             full = KV.from_cache(generation.cache, torch.arange(len(ids)))  # the prompt's rows, the last included
             self.store_anchors(ids, spans, node, full)
@@ -171,18 +171,29 @@ class KVCommServer(Server):
     @torch.inference_mode()
     def store_anchors(self, ids: list[int], spans: list[dict], node: str, full: KV) -> None:
         """After a dense prefill of the whole prompt: each placeholder's deviation, and its
-        following text's, for this node (Equation 1), in the base caches' frame."""
+        following text's, for this node (Equation 1), in the base caches' frame. A deviation
+        another node or server already computed from the same ids is shared, not recomputed."""
         for value, after in placeholder_spans(spans):
             base = self.caches.base(rows(ids, value))
-            real = self.bb.shift(full.slice(value["start"], value["stop"]), -value["start"])
-            after_deviation = None
-            if after is not None:
-                after_base = self.caches.base(rows(ids, after))
-                real_after = self.bb.shift(full.slice(after["start"], after["stop"]), -after["start"])
-                after_deviation = deviation(real_after, after_base)
+            key = (tuple(ids[: (after or value)["stop"]]), value["start"], value["stop"])
             self.pool.store(
-                value["name"], tuple(rows(ids, value)), base, node, Deviation(deviation(real, base), after_deviation)
+                value["name"],
+                tuple(rows(ids, value)),
+                base,
+                node,
+                self.caches.deviation(key, lambda value=value, after=after: self.deviation(ids, value, after, full)),
             )
+
+    def deviation(self, ids: list[int], value: dict, after: dict | None, full: KV) -> Deviation:
+        """Equation 1 for one placeholder: real - base of its value and of the text after it."""
+        pieces = [
+            deviation(
+                self.bb.shift(full.slice(span["start"], span["stop"]), -span["start"]),
+                self.caches.base(rows(ids, span)),
+            )
+            for span in ([value] + ([after] if after is not None else []))
+        ]
+        return Deviation(pieces[0], pieces[1] if after is not None else None)
 
     def replay(self, call: dict) -> None:
         """Bring the pool to the state serving `call` left it in, without decoding (for resuming a
