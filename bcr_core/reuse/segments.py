@@ -72,7 +72,7 @@ class SharedPrefills:
     prefill depends on its ids alone and the engine never writes into a served cache, so a shared
     prefill is bit-identical to computing it again. The `keep` most recently used are kept."""
 
-    def __init__(self, bb: Backbone, keep: int = 32):
+    def __init__(self, bb: Backbone, keep: int = 16):
         self.bb, self.keep = bb, keep
         self.kept: OrderedDict[tuple[int, ...], KV] = OrderedDict()
         self.computed = self.shared = 0
