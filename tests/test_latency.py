@@ -95,3 +95,12 @@ def test_ttft_reports_the_bound_and_peak_memory(tiny_chat):
     # the same call's arithmetic orders the methods: Dense computes everything, KVComm one row
     assert table.loc["dense", "bound_ms"] > table.loc["bcr-chunk", "bound_ms"] > table.loc["kvcomm", "bound_ms"]
     assert table.loc["bcr-chunk", "bound_ms"] > table.loc["coin-chunk", "bound_ms"]  # the draft
+
+
+def test_a_call_the_skip_rule_serves_unrepaired_is_bounded_like_kvcomm(tiny_chat):
+    """Under two chunks (M < 2B) Algorithm 1 neither drafts nor repairs: the bound is KVComm's."""
+    calls = ttft_calls(tiny_chat, lengths=(20,), rhos=(0.2,), samples=1, progress=False)
+    by_method = calls.set_index(["node", "method"])["bound_s"].unstack()
+    assert (calls.loc[calls.method != "dense", "rows"] == 0).all()
+    assert (by_method["bcr-chunk"] == by_method["kvcomm"]).all() and (by_method["coin-chunk"] == by_method["kvcomm"]).all()
+    assert (by_method["dense"] > by_method["kvcomm"]).all()
