@@ -77,6 +77,7 @@ class BatchDecoder:
     def step(self) -> list[tuple[object, Generation]]:
         """Feed every sequence one token; return (key, Generation) of those that finished."""
         cache = cache_over(self.keys, self.values)
+        self.keys = self.values = []  # the cache owns them now: each layer's old copy is freed as it grows
         self.visible = torch.cat([self.visible, self.visible.new_ones(len(self.rows), 1)], dim=1)
         mask = None if bool(self.visible.all()) else self._padding_mask()
         out = self.bb.model(

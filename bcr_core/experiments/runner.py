@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.data import benchmarks
+from bcr_core.engine.memory import release_freed_memory
 from bcr_core.experiments.conditions import expand_seeds, make_server, parse
 from bcr_core.experiments.lanes import Unit, run_lanes
 from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
@@ -335,6 +336,7 @@ def run_cell(
                 record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls]
             )
             bar.update(1)
+            release_freed_memory()  # a long run's resident memory stays near what it holds
             if on_item is not None:
                 on_item()
 
