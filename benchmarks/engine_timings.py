@@ -26,7 +26,7 @@ import torch
 from bcr_core import paper
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
-from bcr_core.experiments.bound import Shape, call_passes, forward_pass, measure_rates, timed
+from bcr_core.experiments.bound import Shape, decode_pass, draft_passes, forward_pass, measure_rates, timed
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")  # the profiler's names for a launch
 
@@ -44,11 +44,8 @@ def operations(bb: Backbone, length: int, rho: float, generator: torch.Generator
             lambda: bb.repair(cache, ids, rows),
             [forward_pass(shape, rows, length, logits=False)],
         ),
-        "draft (2 steps)": (
-            lambda: bb.draft(cache, last),
-            [forward_pass(shape, [length + t], length + t + 1, logits=True) for t in range(paper.DRAFT_TOKENS)],
-        ),
-        "decode step": (lambda: bb.generate(cache, last, 1, stop_ids=()), call_passes(shape, "kvcomm", length, [])[1:]),
+        "draft (2 steps)": (lambda: bb.draft(cache, last), draft_passes(shape, length)),
+        "decode step": (lambda: bb.generate(cache, last, 1, stop_ids=()), [decode_pass(shape, length)]),
     }
 
 
@@ -97,7 +94,7 @@ def main() -> None:
         ops = operations(bb, length, args.rho, generator)
         for name, (run, passes) in ops.items():
             seconds = timed(run, args.repeats, bb.device, reduce=statistics.median)
-            flops = sum(p.linear + p.attention for p in passes)
+            flops = sum(p.flops for p in passes)
             moved = sum(p.elements for p in passes) * itemsize
             rows.append(
                 {

@@ -15,24 +15,21 @@ import ctypes.util
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters, from glibc's malloc.h
-_done = False
-_libc = None
+_libc = None  # glibc, once the setting is in force
 
 
 def keep_freed_memory() -> bool:
     """Apply the setting once per process; True if it is in force (glibc on Linux)."""
-    global _done
-    if _done or not sys.platform.startswith("linux"):
-        return _done
     global _libc
-    name = ctypes.util.find_library("c")
+    if _libc is not None or not sys.platform.startswith("linux"):
+        return _libc is not None
     try:
-        libc = ctypes.CDLL(name)
-        _done = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        if libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1):
+            _libc = libc
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        _done = False
-    _libc = libc if _done else None
-    return _done
+        pass
+    return _libc is not None
 
 
 def release_freed_memory() -> None:

@@ -84,6 +84,10 @@ class Pass:
     attention: int
     elements: int
 
+    @property
+    def flops(self) -> int:
+        return self.linear + self.attention
+
 
 def forward_pass(shape: Shape, rows: list[int], n_keys: int, logits: bool) -> Pass:
     """Rows at the given positions computed against a cache of `n_keys` keys (the rows' own included)."""
@@ -92,19 +96,28 @@ def forward_pass(shape: Shape, rows: list[int], n_keys: int, logits: bool) -> Pa
     return Pass(shape.linear(len(rows), logits=len(rows) if logits else 0), shape.attention(pairs), moved)
 
 
+def decode_pass(shape: Shape, n: int) -> Pass:
+    """The first decode step over n cached rows: the prompt's last token, with its logits."""
+    return forward_pass(shape, [n], n + 1, logits=True)
+
+
+def draft_passes(shape: Shape, n: int, k: int = paper.DRAFT_TOKENS) -> list[Pass]:
+    """BCR's k draft steps over n cached rows, each keeping its logits."""
+    return [forward_pass(shape, [n + t], n + t + 1, logits=True) for t in range(k)]
+
+
 def call_passes(shape: Shape, method: str, n: int, repaired: list[int], k: int = paper.DRAFT_TOKENS) -> list[Pass]:
     """The passes of one call with n cached rows: see the module docstring."""
-    decode = forward_pass(shape, [n], n + 1, logits=True)  # the prompt's last token
     if method == "dense":
-        return [forward_pass(shape, list(range(n)), n, logits=False), decode]
+        return [forward_pass(shape, list(range(n)), n, logits=False), decode_pass(shape, n)]
     if method not in ("kvcomm", "bcr-chunk", "coin-chunk"):
         raise ValueError(f"no operation count for method {method!r}")
     passes = [Pass(0, 0, 2 * shape.cache_rows(n))]  # assembly: read n stored rows, write n
     if method == "bcr-chunk":
-        passes += [forward_pass(shape, [n + t], n + t + 1, logits=True) for t in range(k)]
+        passes += draft_passes(shape, n, k)
     if method != "kvcomm":
         passes.append(forward_pass(shape, list(repaired), n, logits=False))
-    return passes + [decode]
+    return passes + [decode_pass(shape, n)]
 
 
 def call_flops(shape: Shape, method: str, n: int, repaired: list[int], k: int = paper.DRAFT_TOKENS) -> tuple[int, int]:

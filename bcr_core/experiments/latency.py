@@ -130,7 +130,7 @@ def timed_call(server, prompt, method: str, shape: Shape, rates) -> dict:
         "ttft_s": call.ttft_s,
         "assembly_s": call.assembly_s,
         "rows": call.rows_recomputed,
-        "flops": sum(p.linear + p.attention for p in passes),
+        "flops": sum(p.flops for p in passes),
         "bound_s": rates.seconds(passes),
     }
 

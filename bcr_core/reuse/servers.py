@@ -186,14 +186,12 @@ class KVCommServer(Server):
 
     def deviation(self, ids: list[int], value: dict, after: dict | None, full: KV) -> Deviation:
         """Equation 1 for one placeholder: real - base of its value and of the text after it."""
-        pieces = [
-            deviation(
-                self.bb.shift(full.slice(span["start"], span["stop"]), -span["start"]),
-                self.caches.base(rows(ids, span)),
-            )
-            for span in ([value] + ([after] if after is not None else []))
-        ]
-        return Deviation(pieces[0], pieces[1] if after is not None else None)
+
+        def real_minus_base(span: dict) -> KV:
+            real = self.bb.shift(full.slice(span["start"], span["stop"]), -span["start"])
+            return deviation(real, self.caches.base(rows(ids, span)))
+
+        return Deviation(real_minus_base(value), real_minus_base(after) if after is not None else None)
 
     def replay(self, call: dict) -> None:
         """Bring the pool to the state serving `call` left it in, without decoding (for resuming a
