@@ -140,6 +140,20 @@ def run_all(page, tries: int = 3) -> None:
     raise AssertionError(f"Run All started no cell in {tries} tries")
 
 
+def wait_until_run(page) -> None:
+    """Wait until Run All has run the last cell. The cells after the explorer move it (layout single,
+    layer 3, head 1: the values the test picks) and then put it back; a control moved while they run
+    can land on the value the kernel just showed, change nothing, and be undone by the last cell."""
+    outputs = "Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+    stderr = "e.getAttribute('data-mime-type') === 'application/vnd.jupyter.stderr'"
+    failed = f"({stderr} && e.textContent.includes('Error'))"
+    finished = f"() => {outputs}.some(e => e.textContent.includes('checks passed') || {failed})"
+    page.wait_for_function(finished, timeout=TIMEOUT_MS)
+    shown = page.evaluate(f"() => {outputs}.map(e => e.textContent).join('\\n')")
+    assert "checks passed" in shown, f"notebook 09 stopped before its last cell:\n{shown[-2000:]}"
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=TIMEOUT_MS)
+
+
 def console_errors(page) -> list[str]:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -216,6 +230,7 @@ def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, c
                 # "Connecting" and "Unknown"; a Run All before that runs nothing
                 page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=TIMEOUT_MS)
                 run_all(page)
+                wait_until_run(page)
                 report["navigation s"] = time.perf_counter() - started
                 drive(page, inspection, prepared.parameters, report)
                 page.locator("li.lm-MenuBar-item", has_text="View").first.click()
