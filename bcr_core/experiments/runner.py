@@ -25,6 +25,7 @@ from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.experiments.conditions import expand_seeds, make_server, parse
 from bcr_core.experiments.lanes import Unit, run_lanes
+from bcr_core.paths import written_whole
 from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
 
@@ -231,9 +232,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def rewrite_jsonl(path: Path, rows) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    with written_whole(path) as partial:
+        partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:

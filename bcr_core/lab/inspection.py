@@ -28,6 +28,7 @@ from bcr_core.data import benchmarks
 from bcr_core.engine.backbone import Draft
 from bcr_core.experiments.conditions import make_server, parse
 from bcr_core.lab.tables import preview
+from bcr_core.paths import written_whole
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.repair.row_scores import row_scores
 from bcr_core.reuse.calls import CallRecord, Server, Trace
@@ -316,9 +317,8 @@ def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
         "views": views,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    torch.save({"document": json.dumps(document), "tensors": tensors}, partial)
-    partial.replace(path)  # a reader never sees half a file
+    with written_whole(path) as partial:
+        torch.save({"document": json.dumps(document), "tensors": tensors}, partial)
     return path
 
 

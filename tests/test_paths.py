@@ -1,0 +1,35 @@
+"""`written_whole`: a file's name holds its old content or the whole new one, never a part."""
+
+import pytest
+
+from bcr_core.paths import written_whole
+
+
+def test_the_name_keeps_the_old_content_until_the_block_finishes(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text("old\n")
+    with written_whole(path) as partial:
+        partial.write_text("new, first half\n")
+        assert path.read_text() == "old\n"  # a reader meanwhile
+        with open(partial, "a") as f:
+            f.write("second half\n")
+    assert path.read_text() == "new, first half\nsecond half\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_partial(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_bytes(b"{}")
+    with pytest.raises(KeyboardInterrupt), written_whole(path) as partial:
+        partial.write_bytes(b'{"half": ')
+        raise KeyboardInterrupt  # a user's ^C halfway through
+    assert path.read_bytes() == b"{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_a_new_file_appears_only_whole(tmp_path):
+    path = tmp_path / "inspection.pt"
+    with pytest.raises(OSError), written_whole(path) as partial:
+        partial.write_bytes(b"x" * 10)
+        raise OSError("disk full")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
