@@ -23,7 +23,6 @@ import transformers
 
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
-from bcr_core.experiments.bound import Shape, measure_rates
 from bcr_core.experiments.latency import summarize_ttft, ttft_calls
 
 # The paper's Table 10 (Llama-3.1-8B, bf16, one A100 80GB): TTFT in ms by segment length.
@@ -59,23 +58,17 @@ def beside_the_paper(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def machine(bb: Backbone, lengths: list[int]) -> dict:
+def machine(bb: Backbone, calls: pd.DataFrame) -> dict:
+    """The device, the versions, and the rates the bound of each length was taken at."""
     device = bb.device
-    rates = {n: measure_rates(Shape.of(bb.config), rows=max(n, 64), dtype=bb.dtype, device=device) for n in lengths}
+    rates = calls.groupby("length")[["matmul_tflops", "attention_tflops", "copy_gb_s"]].first()
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "dtype": str(bb.dtype),
         "threads": torch.get_num_threads(),
-        "rates_at_length": {
-            n: {
-                "matmul_tflops": r.matmul / 1e12,
-                "attention_tflops": r.attention / 1e12,
-                "copy_gb_s": r.bandwidth * bb.dtype.itemsize / 1e9,
-            }
-            for n, r in rates.items()
-        },
+        "rates_at_length": {int(n): row.to_dict() for n, row in rates.iterrows()},
     }
 
 
@@ -93,7 +86,6 @@ def main() -> None:
     keep_freed_memory()
     args.out.mkdir(parents=True, exist_ok=True)
     bb = Backbone.load(args.model)
-    (args.out / "machine.json").write_text(json.dumps({"model": args.model, **machine(bb, lengths)}, indent=2))
     calls = []
     for seed, length in enumerate(lengths):
         started = time.perf_counter()
@@ -101,6 +93,7 @@ def main() -> None:
         print(f"{length} tokens: {time.perf_counter() - started:.0f} s", flush=True)
         every = pd.concat(calls, ignore_index=True)
         every.to_csv(args.out / "calls.csv", index=False)
+        (args.out / "machine.json").write_text(json.dumps({"model": args.model, **machine(bb, every)}, indent=2))
         table = beside_the_paper(summarize_ttft(every))
         table.to_csv(args.out / "table.csv", index=False)
         table.to_json(args.out / "table.json", orient="records", indent=2)

@@ -142,6 +142,14 @@ class Rates:
     def arithmetic(self, p: Pass) -> float:
         return p.linear / self.matmul + p.attention / self.attention
 
+    def readable(self, itemsize: int) -> dict[str, float]:
+        """The rates in the units a datasheet uses: TFLOP/s, and GB/s for `itemsize`-byte elements."""
+        return {
+            "matmul_tflops": self.matmul / 1e12,
+            "attention_tflops": self.attention / 1e12,
+            "copy_gb_s": self.bandwidth * itemsize / 1e9,
+        }
+
 
 def timed(fn, repeats: int, device: torch.device | str = "cpu", reduce=min) -> float:
     """`reduce` (the fastest, by default) of `repeats` timed runs after a warm-up, each waiting

@@ -69,8 +69,8 @@ def ttft_calls(
     seed: int = 0,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """One row per timed call and method: length, sample, node, method, rho, ttft_s, and the
-    paired Dense call's ttft."""
+    """One row per timed call and method: length, sample, node, method, rho, ttft_s, the paired
+    Dense call's ttft, and the bound with the rates it was taken at (measured once per length)."""
     check_settings(lengths, samples)
     shape = Shape.of(bb.config)
     methods = [("dense", None, "dense"), ("kvcomm", None, "kvcomm@1")]
@@ -108,6 +108,7 @@ def ttft_calls(
                             "rows": call["rows"],
                             "flops": call["flops"],
                             "bound_s": call["bound_s"],
+                            **rates.readable(bb.dtype.itemsize),
                         }
                     )
         del servers, caches  # the next length's servers are built after these are freed
