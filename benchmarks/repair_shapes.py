@@ -11,13 +11,14 @@ an execution plan per new shape, which is what spreads coin-chunk's TTFT in resu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
-import time
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bcr_core.engine.backbone import Backbone
+from bcr_core.experiments.bound import timed
 
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -30,7 +31,6 @@ def main() -> None:
     args = parser.parse_args()
 
     bb = Backbone.load(args.model)
-    sync = torch.cuda.synchronize if bb.device.type == "cuda" else (lambda: None)
     generator, chunk = torch.Generator().manual_seed(0), 64
     ids = torch.randint(100, 40000, (args.length,), generator=generator).tolist()
     cache = bb.prefill(ids)
@@ -40,16 +40,10 @@ def main() -> None:
         return sorted(r for c in chosen for r in range(c * chunk, (c + 1) * chunk))
 
     def run(label: str, fresh: bool, backends=None) -> None:
-        fixed, times = random_rows(), []
-        for _ in range(16):
-            rows = random_rows() if fresh else fixed
-            sync()
-            start = time.perf_counter()
-            with sdpa_kernel(backends) if backends else torch.inference_mode():
-                bb.repair(cache, ids, rows)
-            sync()
-            times.append(1000 * (time.perf_counter() - start))
-        times = times[1:]  # the first is a warm-up
+        fixed = random_rows()
+        plans = iter([random_rows() if fresh else fixed for _ in range(16)])  # drawn before the clock starts
+        with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+            times = [1000 * t for t in timed(lambda: bb.repair(cache, ids, next(plans)), 15, bb.device, reduce=list)]
         q = statistics.quantiles(times, n=10)
         print(f"{label:44s} median {statistics.median(times):7.1f} ms  p10 {q[0]:7.1f}  p90 {q[-1]:7.1f}")
 

@@ -92,9 +92,8 @@ def test_ttft_reports_the_bound_and_peak_memory(tiny_chat):
     calls = ttft_calls(tiny_chat, lengths=(200,), rhos=(0.5,), samples=1, progress=False)
     assert (calls.loc[calls.method.isin(["bcr-chunk", "coin-chunk"]), "rows"] > 0).all()  # repaired, not skipped
     rates = calls[["matmul_tflops", "attention_tflops", "copy_gb_s"]]
-    assert (rates.nunique() == 1).all() and (
-        rates > 0
-    ).all().all()  # every call's bound at the length's one measurement
+    # every call's bound is taken at the length's one measurement
+    assert (rates.nunique() == 1).all() and (rates > 0).all().all()
     table = summarize_ttft(calls).set_index("method")
     assert (table["bound_fraction"] > 0).all() and (table["peak_rss_mb"] > 0).all()
     # the same call's arithmetic orders the methods: Dense computes everything, KVComm one row

@@ -9,6 +9,7 @@ over the reuse path's ids (so segment boundaries are exact) and anchors are stor
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -176,15 +177,10 @@ class KVCommServer(Server):
         for value, after in placeholder_spans(spans):
             base = self.caches.base(rows(ids, value))
             key = (tuple(ids[: (after or value)["stop"]]), value["start"], value["stop"])
-            self.pool.store(
-                value["name"],
-                tuple(rows(ids, value)),
-                base,
-                node,
-                self.caches.deviation(key, lambda value=value, after=after: self.deviation(ids, value, after, full)),
-            )
+            shared = self.caches.deviation(key, partial(self.placeholder_deviation, ids, value, after, full))
+            self.pool.store(value["name"], tuple(rows(ids, value)), base, node, shared)
 
-    def deviation(self, ids: list[int], value: dict, after: dict | None, full: KV) -> Deviation:
+    def placeholder_deviation(self, ids: list[int], value: dict, after: dict | None, full: KV) -> Deviation:
         """Equation 1 for one placeholder: real - base of its value and of the text after it."""
 
         def real_minus_base(span: dict) -> KV:
