@@ -26,10 +26,20 @@ def run(bb, server, questions, tokens=5):
 
 
 @pytest.mark.parametrize(
-    "condition", ["bcr-chunk@1", "bcr-grow@1", "bcr-single@1", "coin-chunk@1", "coin-single@1", "cacheblend-cost@1"]
+    "condition",
+    [
+        "bcr-chunk@1",
+        "bcr-grow@1",
+        "bcr-single@1",
+        "coin-chunk@1",
+        "coin-single@1",
+        "cacheblend-cost@1",
+        "coin-chunk@1:match=bcr-chunk",
+        "cacheblend-cost@1:match=bcr-chunk",
+    ],
 )
 def test_full_budget_reproduces_token_matched_dense(tiny_chat, condition):
-    server = make_server(tiny_chat, condition + ":gamma=1")
+    server = make_server(tiny_chat, condition + (",gamma=1" if ":" in condition else ":gamma=1"))
     records = run(tiny_chat, server, QUESTIONS[:4])
     reference = run(tiny_chat, DenseServer(tiny_chat, token_matched=True), QUESTIONS[:4])
     repaired = [

@@ -178,3 +178,48 @@ def test_bcr_run_and_the_notebooks_split_one_way(tiny_chat, tmp_path):
 def test_pipeline_records_rows_wasted_for_dense_calls_as_zero(tiny_chat):
     records = Pipeline(tiny_chat, "gsm8k", 2, 3).run(make_server(tiny_chat, "dense"), "0", QUESTIONS[0])
     assert all(c.rows_wasted == 0 and not c.skipped for c in records.calls)
+
+
+def test_row_matched_chunk_selection_cuts_one_chunk_at_its_first_rows():
+    """App. D's row for row in the chunk layout: whole chunks by mean score, the last one needed cut
+    to its first rows. 30 rows in chunks of 8 (a 6-row tail); the chunks score 1, 4, 2, 3 (best: the
+    second, then the tail, then the third), so 20 rows are chunk 1, the tail, and chunk 2's first 6."""
+    scores = torch.tensor([1.0] * 8 + [4.0] * 8 + [2.0] * 8 + [3.0] * 6)
+    rows = Chunk(LayoutConfig(chunk=8)).exactly(scores, 20).tolist()
+    assert rows == list(range(8, 16)) + list(range(16, 22)) + list(range(24, 30))
+    assert Chunk(LayoutConfig(chunk=8)).exactly(scores, 0).tolist() == []
+    with pytest.raises(ValueError, match="cannot choose 31 rows out of 30"):
+        Chunk(LayoutConfig(chunk=8)).exactly(scores, 31)
+
+
+def test_row_matched_controls_recompute_exactly_bcr_chunks_rows_on_each_call(tiny_chat):
+    """On every call served from the same prompt, the row-matched coin (each seed) and CacheBlend
+    recompute exactly as many rows as BCR-chunk does, and the coin's rows are whole chunks but one."""
+    specs = {
+        "bcr-chunk": "bcr-chunk@0.3:gamma=1,chunk=8",
+        "coin seed 0": "coin-chunk@0.3:gamma=1,chunk=8,match=bcr-chunk,seed=0",
+        "coin seed 5": "coin-chunk@0.3:gamma=1,chunk=8,match=bcr-chunk,seed=5",
+        "cacheblend": "cacheblend-cost@0.3:gamma=1,chunk=8,match=bcr-chunk",
+    }
+    calls = {
+        name: [c for r in run(tiny_chat, make_server(tiny_chat, spec), QUESTIONS[:4]) for c in r.calls]
+        for name, spec in specs.items()
+    }
+    draft = calls.pop("bcr-chunk")
+    compared = 0
+    for control, served in calls.items():
+        for mine, theirs in zip(served, draft):
+            if mine.merged_ids != theirs.merged_ids or "reuse" not in (mine.mode, theirs.mode):
+                continue
+            assert mine.mode == theirs.mode and len(mine.repaired_rows) == len(theirs.repaired_rows), control
+            compared += bool(theirs.repaired_rows)
+            if control.startswith("coin"):
+                touched = {}
+                for row in mine.repaired_rows:
+                    touched.setdefault(row // 8, []).append(row)
+                m = len(mine.merged_ids) - 1
+                partial = [c for c, rows in touched.items() if len(rows) != min(8, m - 8 * c)]
+                assert len(partial) <= 1
+                for c in partial:
+                    assert touched[c] == list(range(8 * c, 8 * c + len(touched[c])))
+    assert compared >= 6  # the check ran on repaired calls of every control

@@ -6,7 +6,9 @@ probability for random-alloc (0.25), the paired BCR-chunk reuse rate r for cache
 Options (`OPTIONS` lists what each condition takes; anything else is an error naming them):
 `gamma=` (the KVComm gate under any policy), `seed=` (coin streams), `chunk=` (B: the chunk unit and
 the skip rule's B), `skip=alg1|off` (Algorithm 1's skip rule, on every layout), `rank=all|predicted`
-(rank every cached row, or only the rows KVComm predicted), `tau=`, `span_cap=` (grow). A new
+(rank every cached row, or only the rows KVComm predicted), `match=bcr-chunk|bcr-grow|bcr-single`
+(coin and CacheBlend: recompute on each call exactly as many rows as that BCR condition, with the
+same budget and options, recomputes on it), `tau=`, `span_cap=` (grow). A new
 control is one factory, one registry line and one line of options.
 """
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 from bcr_core import paper
 from bcr_core.agents.call_policies import RandomAllocationServer, protect_leaf, protect_root
-from bcr_core.repair.bcr import BCRServer
+from bcr_core.repair.bcr import BCRServer, MatchedBudget
 from bcr_core.repair.layouts import RANKS, SKIP_RULES, LayoutConfig, layout
 from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
@@ -65,6 +67,15 @@ REPAIR = {
         "all: rank every cached row (the paper); predicted: only rows KVComm "
         "predicted, the budget still counting the whole cache",
     ),
+}
+MATCH = {
+    "match": Option(
+        str,
+        "none",
+        ("none", "bcr-chunk", "bcr-grow", "bcr-single"),
+        "none: the layout's own budget; bcr-...: on each call exactly the rows that BCR condition "
+        "(same rho, chunk, rank) recomputes on the same cache (App. D's row for row)",
+    )
 }
 GROW = {"tau": Option(float, LayoutConfig.tau), "span_cap": Option(int, LayoutConfig.span_cap)}
 
@@ -189,9 +200,18 @@ def _repair(selector: Callable):
             value_of(c),
             kvcomm_config(c),
             rank=c.option("rank"),
+            match=matched_budget(c),
         )
 
     return factory
+
+
+def matched_budget(c: Condition) -> MatchedBudget | None:
+    """The BCR rule a row-matched control takes its per-call row count from (`match=`)."""
+    paired = c.options.get("match", "none")
+    if paired == "none":
+        return None
+    return MatchedBudget(DraftSelector(), layout(REPAIR_LAYOUTS[paired], layout_config(c)), paired)
 
 
 def _coin(c: Condition) -> CoinSelector:
@@ -269,8 +289,8 @@ OPTIONS: dict[str, dict[str, Option]] = {
     "bcr-chunk": GATE | REPAIR,
     "bcr-grow": GATE | REPAIR | GROW,
     "bcr-single": GATE | REPAIR,
-    "coin-chunk": GATE | REPAIR | SEED,
-    "coin-single": GATE | REPAIR | SEED,
-    "cacheblend-cost": GATE | REPAIR,
+    "coin-chunk": GATE | REPAIR | SEED | MATCH,
+    "coin-single": GATE | REPAIR | SEED | MATCH,
+    "cacheblend-cost": GATE | REPAIR | MATCH,
     "cacheblend-reuse": GATE | REPAIR,
 }

@@ -8,9 +8,16 @@ densely are untouched. The draft is discarded: decoding starts again from the re
 The ranking covers every cached row (`rank="all"`, the paper's rule: App. B ranks "over the whole
 cached prefix", so budget can land on the agent's exact prefix and change nothing) or only the rows
 KVComm predicted (`rank="predicted"`); either way the budget counts the whole cache.
+
+A row-matched control (`match`) spends no budget of its own: on each call it first asks the BCR
+rule it is paired with (the draft's ranking and that condition's layout) how many rows it would
+recompute on this very cache, then recomputes exactly that many rows by its own ranking
+(`Layout.exactly`). Same prompt, same cache, same row count: the two differ only in which rows.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +27,19 @@ from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.calls import Served, decode_call
 from bcr_core.reuse.segments import predicted_rows
 from bcr_core.reuse.servers import KVCommServer
+
+
+@dataclass(frozen=True)
+class MatchedBudget:
+    """The BCR rule whose row count a control matches on each call: its selector and layout."""
+
+    selector: object
+    layout: Layout
+    name: str
+
+    def rows(self, bb, kv, ids, candidates, rho) -> int:
+        ranking = self.selector.rank(bb, kv, ids[:-1], ids[-1], candidates)
+        return len(self.layout.rows(ranking.scores, rho, kv.length))
 
 
 class BCRServer(KVCommServer):
@@ -32,12 +52,13 @@ class BCRServer(KVCommServer):
         config: KVCommConfig = KVCommConfig(),
         name: str = "bcr",
         rank: str = "all",
+        match: MatchedBudget | None = None,
     ):
         super().__init__(bb, config, name)
         check_rho(rho)
         if rank not in RANKS:
             raise ValueError(f"rank must be one of {', '.join(RANKS)}; got {rank!r}")
-        self.selector, self.layout, self.rho, self.rank = selector, layout, rho, rank
+        self.selector, self.layout, self.rho, self.rank, self.match = selector, layout, rho, rank, match
 
     def candidates(self, m: int, spans: list[dict]) -> torch.Tensor:
         """The rows the selector ranks: all M cached rows, or only those KVComm predicted."""
@@ -46,17 +67,27 @@ class BCRServer(KVCommServer):
         return torch.tensor(predicted_rows(spans, m), dtype=torch.long)
 
     def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
-        served = Served(kv, [], 0.0, 0.0, skipped=self.layout.skip(kv.length, self.rho))
+        served = Served(kv, [], 0.0, 0.0, skipped=self.skips(kv.length))
         if not served.skipped:  # Algorithm 1, line 1: no draft, no coin, if skipped
             served.candidates = self.candidates(kv.length, spans)
             ranking = self.selector.rank(self.bb, kv, ids[:-1], ids[-1], served.candidates)
             served.scores, served.draft = ranking.scores, ranking.draft
-            served.repaired_rows = served.candidates[self.layout.rows(ranking.scores, self.rho, kv.length)].tolist()
+            served.repaired_rows = served.candidates[self.chosen(ranking.scores, kv, ids, served.candidates)].tolist()
         if served.repaired_rows:
             served.kv = self.bb.repair(kv, ids[:-1], served.repaired_rows)
         generation, served.ttft, served.total = yield from decode_call(served.kv, ids[-1], max_new_tokens, started)
         served.tokens = generation.tokens
         return served
+
+    def skips(self, m: int) -> bool:
+        """Algorithm 1's skip rule; a row-matched control skips wherever its paired rule does too."""
+        return self.layout.skip(m, self.rho) or (self.match is not None and self.match.layout.skip(m, self.rho))
+
+    def chosen(self, scores, kv, ids, candidates) -> torch.Tensor:
+        """Indices into the candidates: the layout's budget, or exactly the paired rule's row count."""
+        if self.match is None:
+            return self.layout.rows(scores, self.rho, kv.length)
+        return self.layout.exactly(scores, self.match.rows(self.bb, kv, ids, candidates, self.rho))
 
     def replay(self, call: dict) -> None:
         super().replay(call)

@@ -12,6 +12,11 @@ rows (the candidates, e.g. the rows KVComm predicted), and then only those can b
   neighbour scores >= tau * the seed's score, up to a span cap, until round(rho * M) rows.
 - single: the round(rho * M) best rows.
 
+Row-matched (`exactly`): a control paired with a BCR condition recomputes exactly the rows that
+condition recomputes on the call (App. D's "row for row"): the single layout takes that many best
+rows; the chunk layout takes whole chunks in score order and cuts the last one it needs to its
+first rows, so the count is exact and the unit stays the chunk.
+
 Rounding is Python's round(): halves go to the even integer (round(2.5) = 2, round(3.5) = 4).
 Skip rule (Algorithm 1, line 1), the same for every layout unless `skip="off"`: serve unrepaired
 if M < 2B or rho * M < B, B the chunk size. With it off, a call is skipped only when the budget
@@ -93,12 +98,24 @@ class Layout:
             return 0, 0
         return self.count(m, rho), self.count(m, rho)
 
+    def exactly(self, scores: torch.Tensor, rows: int) -> torch.Tensor:
+        """The sorted indices (into `scores`) of exactly `rows` rows chosen in this layout's unit."""
+        if not 0 <= rows <= scores.numel():
+            raise ValueError(f"cannot choose {rows} rows out of {scores.numel()} candidates")
+        return self.take(scores.detach().cpu(), rows).sort().values
+
+    def take(self, scores: torch.Tensor, rows: int) -> torch.Tensor:
+        raise ValueError(f"the {self.name} layout has no row-matched selection")
+
 
 class Single(Layout):
     name = "single"
 
     def select(self, scores, count):
         return best(scores, min(count, scores.numel()))
+
+    def take(self, scores, rows):
+        return best(scores, rows)
 
 
 class Chunk(Layout):
@@ -112,6 +129,12 @@ class Chunk(Layout):
         b, n = self.config.chunk, scores.numel()
         chosen = best(group_scores(scores, b), count)
         return torch.cat([torch.arange(c * b, min((c + 1) * b, n)) for c in chosen.tolist()])
+
+    def take(self, scores, rows):
+        b, n = self.config.chunk, scores.numel()
+        order = best(group_scores(scores, b), -(-n // b)).tolist()  # every chunk, best first
+        ranked = [j for c in order for j in range(c * b, min((c + 1) * b, n))]
+        return torch.tensor(ranked[:rows], dtype=torch.long)
 
     def bounds(self, m, rho):
         if self.skip(m, rho):
