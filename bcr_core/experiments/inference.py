@@ -1,0 +1,211 @@
+"""Effects, intervals, power, equivalence and multiplicity for the claims (paper §4's protocol).
+
+The item is the unit of every test: per-call numbers are averaged per item first, and a random
+control's seeds are averaged per item into one control. Each function states its source:
+
+- `paired_difference_ci`: Newcombe (1998, Stat. Med. 17:2635), method 10: the difference of two
+  paired proportions from the Wilson intervals of each margin and the phi correlation of the 2x2
+  (its positive part shrunk by n/2, as Newcombe and Altman et al.'s "Statistics with confidence" do).
+- `sign_flip`: the paired permutation test of a mean difference (each item's difference keeps or
+  flips its sign under H0), `scipy.stats.permutation_test`; exact when 2^n is within the draws.
+- `bootstrap_ci`: percentile bootstrap over items of a statistic of per-item values.
+- `mcnemar_power` / `mcnemar_items_needed`: the exact unconditional power of the two-sided exact
+  McNemar test at discordance probabilities p10, p01 (a binomial mixture over the discordant count);
+  `connor_items` is Connor's (1987) normal approximation, the usual sample-size formula.
+- `tost_p`: two one-sided tests (Schuirmann 1987) by inverting a family of intervals: the smallest
+  alpha whose (1 - 2 alpha) interval lies inside (-margin, +margin).
+- `holm`: Holm's (1979) step-down adjustment over one family of p-values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy import stats
+
+from bcr_core.experiments.stats import wilson_ci
+
+ALPHA = 0.05
+POWER = 0.80
+
+
+# ------------------------------------------------------------------ paired proportions
+def paired_difference_ci(both: int, first_only: int, second_only: int, neither: int, level: float = 0.95):
+    """Newcombe's method 10 interval for p_first - p_second on n paired binary outcomes."""
+    n = both + first_only + second_only + neither
+    if n == 0:
+        raise ValueError("a paired interval needs at least one item")
+    p1, p2 = (both + first_only) / n, (both + second_only) / n
+    l1, u1 = wilson_ci(both + first_only, n, level)
+    l2, u2 = wilson_ci(both + second_only, n, level)
+    margins = (both + first_only) * (second_only + neither) * (both + second_only) * (first_only + neither)
+    excess = both * neither - first_only * second_only  # Newcombe's phi: a positive excess loses n/2
+    excess = max(excess - n / 2, 0.0) if excess > 0 else excess
+    phi = excess / math.sqrt(margins) if margins else 0.0
+    d = p1 - p2
+    lo = d - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    hi = d + math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
+    return max(lo, -1.0), min(hi, 1.0)
+
+
+def table_of(first, second) -> tuple[int, int, int, int]:
+    """(both, first only, second only, neither) of two paired boolean vectors."""
+    a, b = np.asarray(first, bool), np.asarray(second, bool)
+    if a.shape != b.shape:
+        raise ValueError(f"paired outcomes must have equal length, got {a.size} and {b.size}")
+    return int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum()), int((~a & ~b).sum())
+
+
+# ------------------------------------------------------------------ per-item differences
+def sign_flip(differences, resamples: int = 20_000, seed: int = 0) -> float:
+    """Two-sided p of the mean of per-item differences under random sign flips."""
+    d = np.asarray(differences, float)
+    if d.size == 0:
+        raise ValueError("a sign-flip test needs at least one item")
+    if not d.any():
+        return 1.0
+    result = stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=resamples, rng=np.random.default_rng(seed)
+    )
+    return float(result.pvalue)
+
+
+def bootstrap_ci(values, statistic: Callable = np.mean, level: float = 0.95, resamples: int = 5_000, seed: int = 0):
+    """Percentile bootstrap interval of `statistic` over the rows (items) of `values`."""
+    v = np.asarray(values, float)
+    if len(v) == 0:
+        raise ValueError("a bootstrap interval needs at least one item")
+    draws = bootstrap_draws(v, statistic, resamples, seed)
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(draws, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def bootstrap_draws(values, statistic: Callable, resamples: int = 5_000, seed: int = 0) -> np.ndarray:
+    """`statistic` on `resamples` resamples of the rows (items) of `values`, drawn with replacement."""
+    v = np.asarray(values, float)
+    rng = np.random.default_rng(seed)
+    return np.array([statistic(v[rng.integers(0, len(v), len(v))]) for _ in range(resamples)])
+
+
+# ------------------------------------------------------------------ power
+def mcnemar_power(p10: float, p01: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided exact McNemar test on n items whose discordance probabilities are
+    p10 (first right only) and p01 (second right only)."""
+    psi = p10 + p01
+    if psi <= 0 or n < 1:
+        return 0.0
+    q = p10 / psi
+    lo_d, hi_d = (int(x) for x in stats.binom.ppf([1e-10, 1 - 1e-10], n, psi))
+    d = np.arange(max(lo_d, 1), hi_d + 1)
+    k = reject_below(d, alpha)
+    hit = np.where(k >= 0, stats.binom.cdf(k, d, q) + stats.binom.sf(d - k - 1, d, q), 0.0)
+    return float(np.sum(stats.binom.pmf(d, n, psi) * hit))
+
+
+def reject_below(d: np.ndarray, alpha: float) -> np.ndarray:
+    """Per discordant count d, the largest b with two-sided exact McNemar p < alpha (-1: none)."""
+    k = stats.binom.ppf(alpha / 2, d, 0.5).astype(int)
+    for _ in range(2):  # ppf lands on or next to the boundary
+        k = np.where(2 * stats.binom.cdf(k, d, 0.5) < alpha, k, k - 1)
+    return k
+
+
+def connor_items(p10: float, p01: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Connor (1987): n = (z_{a/2} sqrt(psi) + z_b sqrt(psi - delta^2))^2 / delta^2."""
+    psi, delta = p10 + p01, p10 - p01
+    if delta == 0:
+        return math.inf
+    za, zb = stats.norm.ppf(1 - alpha / 2), stats.norm.ppf(power)
+    return (za * math.sqrt(psi) + zb * math.sqrt(psi - delta**2)) ** 2 / delta**2
+
+
+def mcnemar_items_needed(p10: float, p01: float, alpha: float = ALPHA, power: float = POWER, limit: int = 10**7):
+    """The fewest items at which the exact McNemar test reaches `power` (None if unequal rates
+    never reach it within `limit`, or the rates are equal). Searched around Connor's estimate."""
+    guess = connor_items(p10, p01, alpha, power)
+    if not math.isfinite(guess) or guess > limit:
+        return None
+    lo, hi = max(1, int(guess * 0.7)), int(guess * 1.5) + 10
+    while mcnemar_power(p10, p01, hi, alpha) < power:
+        lo, hi = hi, hi * 2
+        if hi > limit:
+            return None
+    while mcnemar_power(p10, p01, lo, alpha) >= power and lo > 1:
+        lo = max(1, lo // 2)
+    while hi - lo > 1:  # the smallest n with the power, up to the test's discreteness
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if mcnemar_power(p10, p01, mid, alpha) >= power else (mid, hi)
+    return hi
+
+
+def detectable_difference(psi: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest |p10 - p01| the exact McNemar test detects with `power` on n items at a total
+    discordance rate psi (None if even all-one-way discordance does not reach it)."""
+    if psi <= 0 or mcnemar_power(psi, 0.0, n, alpha) < power:
+        return None
+    lo, hi = 0.0, psi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if mcnemar_power((psi + mid) / 2, (psi - mid) / 2, n, alpha) >= power else (mid, hi)
+    return hi
+
+
+def mean_items_needed(differences, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """Items a paired test of a mean difference needs at the observed mean and spread (normal
+    approximation, n = ((z_{a/2} + z_b) sd / mean)^2)."""
+    d = np.asarray(differences, float)
+    if d.size < 2 or d.mean() == 0:
+        return None
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return math.ceil((z * d.std(ddof=1) / abs(d.mean())) ** 2)
+
+
+def mean_detectable(differences, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest mean difference the current n detects at the observed spread (normal approx.)."""
+    d = np.asarray(differences, float)
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return float(z * d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else math.nan
+
+
+# ------------------------------------------------------------------ equivalence and multiplicity
+def tost_p(interval: Callable[[float], tuple[float, float]], margin: float) -> float:
+    """The TOST p-value: the smallest alpha whose (1 - 2 alpha)-level interval, `interval(level)`,
+    lies inside (-margin, margin); 1.0 when even a 0-level interval is not inside."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be positive, got {margin}")
+
+    def inside(alpha: float) -> bool:
+        lo, hi = interval(1 - 2 * alpha)
+        return -margin < lo and hi < margin
+
+    if not inside(0.4999):
+        return 1.0
+    lo, hi = 1e-12, 0.4999
+    if inside(lo):
+        return lo
+    for _ in range(50):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if inside(mid) else (mid, hi)
+    return hi
+
+
+def bootstrap_tost(draws, margin: float) -> float:
+    """TOST p from a bootstrap distribution of an effect: the larger of the shares of draws at or
+    beyond -margin and at or beyond +margin (the percentile interval inverted)."""
+    d = np.asarray(draws, float)
+    return float(max((d <= -margin).mean(), (d >= margin).mean(), 1 / (d.size + 1)))
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values over the non-missing entries (None stays None)."""
+    present = [(p, i) for i, p in enumerate(pvalues) if p is not None and not math.isnan(p)]
+    m = len(present)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(sorted(present)):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out

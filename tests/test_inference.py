@@ -1,0 +1,123 @@
+"""The claims' statistics against independent references: published values, brute-force
+enumeration, the textbook formulas written out here, and scipy's own one-sided tests."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bcr_core.experiments import inference as inf
+
+
+@pytest.mark.parametrize(
+    "table, published",
+    [  # Newcombe (1998), Stat. Med. 17:2635, examples (a), (b) and (d), method 10
+        ((36, 12, 2, 0), (0.0569, 0.3404)),
+        ((18, 12, 2, 18), (0.0562, 0.3290)),
+        ((53, 0, 0, 1), (-0.0729, 0.0729)),
+    ],
+)
+def test_paired_interval_reproduces_newcombes_published_examples(table, published):
+    lo, hi = inf.paired_difference_ci(*table)
+    assert lo == pytest.approx(published[0], abs=1e-4) and hi == pytest.approx(published[1], abs=1e-4)
+
+
+def test_paired_interval_orientation_and_width():
+    lo, hi = inf.paired_difference_ci(20, 2, 12, 16)  # the second side is the better one
+    assert hi < 0
+    assert inf.paired_difference_ci(20, 12, 2, 16) == pytest.approx((-hi, -lo))
+    narrow = inf.paired_difference_ci(20, 2, 12, 16, level=0.80)
+    assert lo < narrow[0] < narrow[1] < hi  # a lower level gives a narrower interval
+    assert inf.table_of([1, 1, 0, 0, 1], [1, 0, 1, 0, 0]) == (1, 2, 1, 1)
+
+
+def test_sign_flip_equals_the_enumeration_of_every_sign():
+    d = np.array([0.31, -0.12, 0.5, 0.22, 0.05, 0.41, -0.03, 0.18, 0.27])
+    flips = np.array([np.mean(d * s) for s in itertools.product([1, -1], repeat=d.size)])
+    observed = d.mean()
+    one_sided = np.mean(flips >= observed - 1e-12)
+    assert inf.sign_flip(d) == pytest.approx(min(1.0, 2 * one_sided))
+    assert inf.sign_flip(-d) == pytest.approx(inf.sign_flip(d))
+    assert inf.sign_flip(np.zeros(5)) == 1.0
+
+
+def test_bootstrap_interval_covers_the_mean_and_shrinks_with_n():
+    rng = np.random.default_rng(1)
+    small, large = rng.normal(0.3, 1, 50), rng.normal(0.3, 1, 800)
+    lo, hi = inf.bootstrap_ci(small)
+    assert lo < small.mean() < hi
+    wide, narrow = hi - lo, np.subtract(*inf.bootstrap_ci(large)[::-1])
+    assert narrow < wide / 2.5  # about sqrt(16) = 4 times narrower
+    normal = 2 * 1.96 * small.std(ddof=1) / math.sqrt(small.size)
+    assert wide == pytest.approx(normal, rel=0.15)
+
+
+def power_by_enumeration(p10: float, p01: float, n: int, alpha: float) -> float:
+    """Every outcome (b, c, rest) of n items, its multinomial probability, and whether scipy's exact
+    binomial test of b out of b + c rejects: the power of exact McNemar, written out."""
+    total = 0.0
+    for b in range(n + 1):
+        for c in range(n - b + 1):
+            p = stats.multinomial.pmf([b, c, n - b - c], n, [p10, p01, 1 - p10 - p01])
+            if b + c and stats.binomtest(b, b + c).pvalue < alpha:
+                total += p
+    return total
+
+
+@pytest.mark.parametrize("p10, p01, n", [(0.3, 0.1, 30), (0.2, 0.15, 25), (0.05, 0.4, 20)])
+def test_mcnemar_power_equals_the_enumeration(p10, p01, n):
+    assert inf.mcnemar_power(p10, p01, n, 0.05) == pytest.approx(power_by_enumeration(p10, p01, n, 0.05), abs=1e-6)
+
+
+def test_connors_formula_and_the_exact_search():
+    za, zb = 1.959963984540054, 0.8416212335729143
+    for p10, p01 in [(0.09, 0.095), (0.045, 0.025), (0.2, 0.1)]:
+        psi, delta = p10 + p01, p10 - p01
+        written = (za * math.sqrt(psi) + zb * math.sqrt(psi - delta**2)) ** 2 / delta**2
+        assert inf.connor_items(p10, p01) == pytest.approx(written)
+        exact = inf.mcnemar_items_needed(p10, p01)
+        assert exact == pytest.approx(written, rel=0.10)  # the exact test is a little less powerful
+        assert inf.mcnemar_power(p10, p01, exact) >= 0.8 > inf.mcnemar_power(p10, p01, exact - 1)
+    assert inf.mcnemar_items_needed(0.1, 0.1) is None  # equal rates: no n decides them
+
+
+def test_detectable_difference_sits_at_80_percent_power():
+    psi, n = 0.185, 200
+    delta = inf.detectable_difference(psi, n)
+    assert inf.mcnemar_power((psi + delta) / 2, (psi - delta) / 2, n) >= 0.8
+    assert inf.mcnemar_power((psi + 0.95 * delta) / 2, (psi - 0.95 * delta) / 2, n) < 0.8
+    assert inf.detectable_difference(0.02, 20) is None  # 20 items with ~0.4 discordant cannot
+
+
+def test_mean_power_approximation_written_out():
+    d = np.array([0.1, 0.3, -0.05, 0.2, 0.15, 0.0, 0.25, 0.05])
+    z = 1.959963984540054 + 0.8416212335729143
+    assert inf.mean_items_needed(d) == math.ceil((z * d.std(ddof=1) / d.mean()) ** 2)
+    assert inf.mean_detectable(d) == pytest.approx(z * d.std(ddof=1) / math.sqrt(d.size))
+
+
+def test_tost_by_interval_inversion_equals_two_one_sided_t_tests():
+    d = np.array([0.8, -0.4, 0.3, 0.1, -0.2, 0.5, 0.0, 0.2, -0.1, 0.3, 0.4, -0.3])
+    margin = 0.6
+    se = d.std(ddof=1) / math.sqrt(d.size)
+
+    def interval(level):
+        return stats.t.interval(level, d.size - 1, loc=d.mean(), scale=se)
+
+    lower = stats.ttest_1samp(d, -margin, alternative="greater").pvalue
+    upper = stats.ttest_1samp(d, margin, alternative="less").pvalue
+    assert inf.tost_p(interval, margin) == pytest.approx(max(lower, upper), rel=1e-6)
+    assert inf.tost_p(interval, 0.01) == 1.0  # a margin inside the estimate's own spread
+    draws = np.linspace(-0.5, 0.5, 1001)
+    assert inf.bootstrap_tost(draws, 0.4) == pytest.approx(101 / 1001)
+    with pytest.raises(ValueError, match="margin must be positive"):
+        inf.tost_p(interval, 0.0)
+
+
+def test_holm_step_down_written_out():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max
+    assert inf.holm([0.01, 0.04, 0.03, 0.005, None]) == pytest.approx([0.03, 0.06, 0.06, 0.02, None])
+    assert inf.holm([0.5, 0.9]) == [1.0, 1.0]
+    assert inf.holm([]) == []
