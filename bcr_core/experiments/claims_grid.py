@@ -13,11 +13,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bcr_core.experiments.claims import find, paired, reuse_calls
+from bcr_core.experiments.claims import find, paired
+from bcr_core.experiments.inference import sign_flip
+from bcr_core.experiments.protocol import realised_rows
 from bcr_core.experiments.runner import read_jsonl
-from bcr_core.experiments.stats import paired_split, wilcoxon, wilson_ci
+from bcr_core.experiments.stats import paired_split, wilson_ci
 from bcr_core.experiments.summary import with_agreement
 
+GATE = "gate"  # the gate sweep's run folder: its own Dense and KVComm, read apart from the main grid
 ID_LISTS = ("served_ids", "dense_ids", "merged_ids", "repaired_rows")
 
 
@@ -33,12 +36,15 @@ def read_records(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def load_runs(folder) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Items and calls of every run folder (one holding `cell.json`) under `folder`. Each
-    comparison pairs its own conditions by item id (`paired`), so folders may hold different items."""
+def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Items and calls of every run folder (one holding `cell.json`) under `folder`, but those named
+    in `skip`. Each comparison pairs its own conditions by item id (`paired`), so folders may hold
+    different items."""
     items, calls = [], []
     for settings in sorted(Path(folder).rglob("cell.json")):
         run = settings.parent.relative_to(folder).as_posix()
+        if run in skip:
+            continue
         items += [r | {"run": run} for r in read_records(settings.parent / "items.jsonl")]
         calls += [c for c in read_records(settings.parent / "calls.jsonl")]
     if not items:
@@ -81,15 +87,17 @@ def grid_table(
     items: pd.DataFrame, calls: pd.DataFrame, conditions: list[str], reference: str = "kvcomm", dense: str = "dense"
 ) -> pd.DataFrame:
     """Per condition, on the items every one of `conditions` finished: accuracy (Wilson 95%),
-    Dense-agreement, per-call first-token agreement and KL on the condition's reuse calls, rows
-    repaired and wasted per call, calls skipped, and the paired split against `reference` with
-    exact p (and a Wilcoxon p on the per-call KL of calls both served from cache)."""
+    Dense-agreement, the per-item mean KL to Dense (over all of an item's calls), per-call
+    first-token agreement and KL on the condition's reuse calls (description), rows repaired and
+    wasted per reuse call and their share of the cached rows, calls skipped, and against
+    `reference` the paired split with exact p and a sign-flip p on the per-item KL."""
     recorded = list(dict.fromkeys(items["condition"]))
     conditions = [find(recorded, c) for c in conditions]
     reference, dense = find(recorded, reference), find(recorded, dense)
     hit = paired(items, "correct", *conditions).astype(bool)
     items = with_agreement(items[items["item_id"].isin(hit.index)], dense)
     calls = calls[calls["item_id"].isin(hit.index)]
+    kl = paired(items, "kl_mean", *conditions) if "kl_mean" in items else None
     rows = []
     for c in conditions:
         mine_calls = calls[calls["condition"] == c]
@@ -97,6 +105,7 @@ def grid_table(
         fid = [f for f in reused["fidelity"] if f]
         k, n = int(hit[c].sum()), len(hit)
         lo, hi = wilson_ci(k, n)
+        rows_per_call, share = realised_rows(calls, c, hit.index)
         row = {
             "condition": c,
             "n": n,
@@ -104,18 +113,19 @@ def grid_table(
             "wilson_lo": lo,
             "wilson_hi": hi,
             "agrees_dense": float(items[items["condition"] == c]["agrees_dense"].astype(float).mean()),
+            "kl_per_item": float(kl[c].mean()) if kl is not None else np.nan,
             "reuse_rate": float(items[items["condition"] == c]["reuse_rate"].mean()),
             "reuse_calls": len(reused),
             "first_token_agree": float(np.mean([f["first_token_agree"] for f in fid])) if fid else np.nan,
-            "kl_mean": float(np.mean([f["kl"] for f in fid])) if fid else np.nan,
-            "rows_per_call": float(mine_calls["rows_recomputed"].mean()),
-            "rows_wasted_per_call": float(mine_calls["rows_wasted"].mean()) if "rows_wasted" in mine_calls else np.nan,
+            "kl_reuse_calls": float(np.mean([f["kl"] for f in fid])) if fid else np.nan,
+            "rows_per_reuse_call": rows_per_call,
+            "rows_share": share,
+            "rows_wasted_per_call": float(reused["rows_wasted"].mean()) if len(reused) else 0.0,
             "skipped_calls": int(mine_calls["skipped"].sum()) if "skipped" in mine_calls else 0,
         }
         if c != reference and reference in hit:
             row |= paired_split(hit[reference], hit[c])
-            pair = reuse_calls(calls, c, reference) if len(reused) else pd.DataFrame()
-            row["kl_p_vs_reference"] = wilcoxon(pair["kl_a"], pair["kl_b"])["p"] if len(pair) else np.nan
+            row["kl_p_vs_reference"] = sign_flip(kl[c] - kl[reference]) if kl is not None else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -138,6 +148,9 @@ class ClaimsGrid:
     gammas: tuple[float, ...] = (0.5, 1.0)
     theta: float = 0.5
     item_seed: int = 0
+    gate_n: int = 100  # items of the gate sweep (its own Dense and KVComm arms included)
+    segment_tokens: int = 1280  # the unit curve's segment: at budget 0.2, 256 rows = whole units of 1-256
+    unit_prompts: int = 24  # documents the unit curve predicts, each from the others' anchors
 
     def label(self, name: str, **options) -> str:
         text = ",".join([f"chunk={self.chunk}"] + [f"{k}={v}" for k, v in options.items()])
@@ -150,6 +163,16 @@ class ClaimsGrid:
     @property
     def cacheblend(self) -> str:
         return self.label("cacheblend-cost")
+
+    def matched(self) -> list[str]:
+        """Row-matched controls (App. D, "row for row"): on each call exactly the rows the paired
+        BCR-chunk condition recomputes on it, by coin (every seed) or by CacheBlend's selector."""
+        coins = lambda **o: [self.label("coin-chunk", **o, match="bcr-chunk", seed=s) for s in self.seeds]  # noqa: E731
+        return [
+            *coins(),
+            self.label("cacheblend-cost", match="bcr-chunk"),
+            *coins(rank="predicted"),
+        ]
 
     def main(self) -> list[str]:
         coins = lambda name, **o: [self.label(name, **o, seed=s) for s in self.seeds]  # noqa: E731
@@ -169,14 +192,18 @@ class ClaimsGrid:
     def gate(self) -> list[str]:
         return [f"kvcomm@{g:g}" for g in self.gammas] + [f"opengate@{self.theta:g}"]
 
-    def cell(self, conditions: list[str], fidelity: bool):
+    def gate_run(self) -> list[str]:
+        """The gate sweep with its own line: Dense and KVComm at the default gate on the same items."""
+        return ["dense", "kvcomm", *self.gate()]
+
+    def cell(self, conditions: list[str], fidelity: bool, n: int | None = None):
         from bcr_core.experiments.runner import Cell
 
         return Cell(
             self.benchmark,
             self.agents,
             tuple(conditions),
-            self.n,
+            self.n if n is None else n,
             self.max_new_tokens,
             extra={"seed": self.item_seed} if self.benchmark == "synthetic" else {},
             fidelity=fidelity,
@@ -185,18 +212,22 @@ class ClaimsGrid:
 
 def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progress: bool = True) -> Path:
     """Every run the verdicts read, on `bb`, into `out` (resumable like any `bcr run`): the main
-    cell with fidelity, the gate sweep, the unit curve (per-prompt records) and `bcr verify`."""
+    cell and the row-matched controls with fidelity, the gate sweep with its own line, the unit
+    curve at budget-matched units (per-prompt records) and `bcr verify`."""
     from bcr_core.experiments.runner import run_cell
     from bcr_core.experiments.unit_curve import UnitCurveConfig, default_texts, unit_curve
     from bcr_core.experiments.verify import verify
 
     out = Path(out)
     run_cell(bb, grid.cell(grid.main(), fidelity=True), out / "main", progress=progress, batch=batch)
-    run_cell(bb, grid.cell(grid.gate(), fidelity=False), out / "gate", progress=progress, batch=batch)
+    run_cell(bb, grid.cell(grid.matched(), fidelity=True), out / "matched", progress=progress, batch=batch)
+    gate = grid.cell(grid.gate_run(), fidelity=False, n=min(grid.gate_n, grid.n))
+    run_cell(bb, gate, out / GATE, progress=progress, batch=batch)
     curve_path = out / "unit_curve.csv"
     if not curve_path.exists():
-        config = unit_config or UnitCurveConfig(segment_tokens=512, units=(1, 16, 64, 256))
-        unit_curve(bb, default_texts(), config, progress=progress).to_csv(curve_path, index=False)
+        config = unit_config or UnitCurveConfig(segment_tokens=grid.segment_tokens, units=(1, 16, 64, 256))
+        texts = default_texts(grid.unit_prompts)
+        unit_curve(bb, texts, config, progress=progress).to_csv(curve_path, index=False)
     (out / "verify.json").write_text(json.dumps(verify(bb).to_dict(), indent=2))
     return out
 
@@ -204,12 +235,13 @@ def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progr
 def load_claims(folder) -> dict:
     """Everything the verdicts read from a folder `run_fresh` (or the committed results) wrote."""
     folder = Path(folder)
-    items, calls = load_runs(folder)
+    items, calls = load_runs(folder, skip=(GATE,))
     curve = folder / "unit_curve.csv"
     report = folder / "verify.json"
     return {
         "items": items,
         "calls": calls,
+        "gate": load_runs(folder / GATE)[0] if (folder / GATE / "cell.json").exists() else None,
         "curve": pd.read_csv(curve) if curve.exists() else None,
         "verify": json.loads(report.read_text()) if report.exists() else None,
     }
