@@ -133,6 +133,7 @@ def line_claim(gate: pd.DataFrame | None, dense, reuse, settings, boot: int = 20
     for j, s in enumerate(present):
         lo, hi = np.percentile(draws[:, j], [2.5, 97.5])
         beyond = " (extrapolation: reuse beyond KVComm's)" if rate[:, 2 + j].mean() > ends else ""
+        beyond += "; off the line: the interval excludes 0" if lo > 0 or hi < 0 else ""
         parts.append(
             f"{s}: {100 * observed[j]:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}], TOST p {tost[j]:.3g}{beyond}"
         )

@@ -150,7 +150,7 @@ class ClaimsGrid:
     item_seed: int = 0
     gate_n: int = 100  # items of the gate sweep (its own Dense and KVComm arms included)
     segment_tokens: int = 1280  # the unit curve's segment: at budget 0.2, 256 rows = whole units of 1-256
-    unit_prompts: int = 24  # documents the unit curve predicts, each from the others' anchors
+    unit_prompts: int = 12  # documents the unit curve predicts, each from the others' anchors
 
     def label(self, name: str, **options) -> str:
         text = ",".join([f"chunk={self.chunk}"] + [f"{k}={v}" for k, v in options.items()])
