@@ -1,28 +1,52 @@
 """BCR and its controls on the tiny model with the real tokenizer."""
 
+import math
+
 import pytest
 import torch
 
-from bcr_core.agents.pipeline import Pipeline
 from bcr_core.experiments.conditions import make_server, parse
+from bcr_core.repair.row_scores import row_scores
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
-
-STORY = (
-    "The harbour town kept a ledger of every ship that arrived, with the captain's name, the cargo, the "
-    "number of crates and the day of arrival, and the clerks copied each line twice so that nothing was lost. "
-    "In the winter the ledger was kept by the harbour master himself, who wrote slowly and checked every sum. "
-)
-QUESTIONS = [
-    STORY + f"On day {d}, how many crates did the ship carrying {c} unload?"
-    for d, c in [(3, "salt"), (5, "wool"), (8, "tea"), (2, "iron"), (9, "rice")]
-]
+from tests.helpers import QUESTIONS, run
 
 
-def run(bb, server, questions, tokens=5):
-    pipeline = Pipeline(bb, "gsm8k", n_agents=2, max_new_tokens=tokens)
-    return [pipeline.run(server, str(i), q, keep_caches=True) for i, q in enumerate(questions)]
+def paper_row_scores(attention: torch.Tensor) -> torch.Tensor:
+    """Paper §3 / Algorithm 2 written out with loops: row j scores the sum, over every layer but the
+    first, of the mean over draft steps t and query heads h of the attention weight on row j."""
+    layers, steps, heads, n = attention.shape
+    weights = attention.double().tolist()
+    scores = []
+    for j in range(n):
+        total = 0.0
+        for layer in range(1, layers):  # the paper's l > 1, its layers counted from 1
+            total += sum(weights[layer][t][h][j] for t in range(steps) for h in range(heads)) / (steps * heads)
+        scores.append(total)
+    return torch.tensor(scores, dtype=torch.float64)
+
+
+def test_row_scores_follow_algorithm_2_on_attention_computed_by_hand():
+    """Attention weights softmax(q k^T / sqrt(d)) built here from random q and k, in loops. The first
+    layer's weights on row 0 are inflated: a score that counted that layer would differ by 100."""
+    torch.manual_seed(3)
+    layers, steps, heads, n, d = 3, 2, 2, 6, 4
+    q, k = torch.randn(layers, steps, heads, d), torch.randn(layers, heads, n, d)
+    attention = torch.empty(layers, steps, heads, n, dtype=torch.float64)
+    for layer in range(layers):
+        for t in range(steps):
+            for h in range(heads):
+                logits = [float(q[layer, t, h] @ k[layer, h, j]) / d**0.5 for j in range(n)]
+                top = max(logits)
+                exps = [math.exp(x - top) for x in logits]
+                attention[layer, t, h] = torch.tensor([e / sum(exps) for e in exps])
+    attention[0, :, :, 0] += 100.0  # layer 1 (counted from 1) is left out, so row 0 gains nothing
+    scores = row_scores(attention)
+    assert torch.allclose(scores, paper_row_scores(attention))
+    assert float(scores.sum()) == pytest.approx(layers - 1)  # each kept layer's weights sum to 1 per row
+    with pytest.raises(ValueError, match="layers >= 2"):
+        row_scores(attention[:1])
 
 
 @pytest.mark.parametrize(
@@ -174,8 +198,7 @@ def test_a_trace_is_kept_only_when_asked_and_reuses_the_selectors_draft(tiny_cha
         k = round(0.3 * trace.assembled.length)  # single layout: the k best-scored rows, written out here
         best = sorted(range(len(trace.scores)), key=lambda j: (-float(trace.scores[j]), j))[:k]
         assert sorted(int(trace.candidates[j]) for j in best) == call.repaired_rows
-        scores = trace.draft.attention[1:].mean(dim=(1, 2)).sum(dim=0)  # Algorithm 2 on the kept draft
-        assert torch.allclose(scores, trace.scores)
+        assert torch.allclose(paper_row_scores(trace.draft.attention), trace.scores.double())  # Algorithm 2
     assert all(c.trace is None for c in traced if c.mode == "dense")
 
 

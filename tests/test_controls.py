@@ -16,7 +16,7 @@ from bcr_core.experiments.runner import Cell, item_record, run_cell
 from bcr_core.experiments.summary import summarize
 from bcr_core.repair.layouts import Chunk, LayoutConfig
 from bcr_core.reuse.calls import CallRecord
-from tests.test_bcr import QUESTIONS, run
+from tests.helpers import QUESTIONS, run
 
 
 def algorithm1_rows(m: int, b: int, rho: float) -> int:
@@ -67,6 +67,14 @@ def test_coin_picks_every_chunk_equally_often(tiny_chat):
     assert scipy_stats.binomtest(tail, draws, per_call / 13).pvalue < 1e-6
 
 
+def units_bought(spec: str, m: int, b: int, rho: float) -> int:
+    """What a budget rho buys on an M-row cache (paper §3, Algorithm 1): B-row chunks for the chunk
+    layouts, round(rho M / B) of them and every chunk at rho = 1; rows for the others, round(rho M)."""
+    if spec.split("@")[0].endswith("-chunk"):
+        return math.ceil(m / b) if rho == 1.0 else min(round(rho * m / b), math.ceil(m / b))
+    return round(rho * m)
+
+
 @pytest.mark.parametrize(
     "spec",
     ["bcr-chunk", "bcr-grow", "bcr-single", "coin-chunk", "coin-single", "cacheblend-cost", "cacheblend-reuse@0.8"],
@@ -74,8 +82,9 @@ def test_coin_picks_every_chunk_equally_often(tiny_chat):
 def test_every_layout_and_both_cacheblend_pairings_skip_by_algorithm_1(tiny_chat, spec):
     for b in (16, 64):
         server = make_server(tiny_chat, f"{spec}:chunk={b}")
+        assert server.rho == pytest.approx(0.2)  # the default budget; 1 - 0.8 for the reuse pairing
         for m in range(1, 600, 3):
-            rule = m < 2 * b or server.rho * m < b or server.layout.count(m, server.rho) == 0
+            rule = m < 2 * b or server.rho * m < b or units_bought(spec, m, b, server.rho) == 0
             assert server.layout.skip(m, server.rho) == rule, (spec, b, m)
     alg1, off = make_server(tiny_chat, f"{spec}:chunk=64"), make_server(tiny_chat, f"{spec}:chunk=64,skip=off")
     assert alg1.layout.skip(300, 0.2) and not off.layout.skip(300, 0.2)  # rho M = 60 < B, but buys a chunk

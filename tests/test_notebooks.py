@@ -203,12 +203,23 @@ def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
     assert budget["within"].all() and (budget[budget["mode"] == "reuse"]["rows"] > 0).any()
     table = lab.condition_table(runs.items, reference="kvcomm@1")
     assert list(table.columns).index("only_reference_right") < list(table.columns).index("p_exact")
-    assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
+    final = runs.items.set_index(["condition", "item_id"])["final_text"]
+    for condition, agreement in table.set_index("condition")["agrees_dense"].items():
+        # the share of items whose final text is Dense's, counted here item by item
+        ids = runs.items.loc[runs.items["condition"] == condition, "item_id"]
+        assert agreement == pytest.approx(sum(final[condition, i] == final["dense", i] for i in ids) / len(ids))
     counts = lab.gate_counts(runs.calls).set_index("condition")
     assert (counts["reused"] + counts["dense"] == counts["calls"]).all()
     assert lab.entropy_rejections(runs.calls)["kvcomm@1"] == 0
     line = lab.line_table(table, "dense", "kvcomm@1").set_index("condition")
-    assert abs(line.loc["kvcomm@1", "residual_points"]) < 1e-9
+    by = table.set_index("condition")
+    d, k = 100 * by.loc["dense", "accuracy"], 100 * by.loc["kvcomm@1", "accuracy"]
+    r_k = by.loc["kvcomm@1", "reuse_rate"]
+    off_the_ends = [c for c in by.index if c not in ("dense", "kvcomm@1")]
+    assert len(off_the_ends) == 3
+    for condition in off_the_ends:  # Equation 3 off its endpoints: acc(r) = d - (d - k) / r_K * r
+        r, accuracy = by.loc[condition, "reuse_rate"], 100 * by.loc[condition, "accuracy"]
+        assert line.loc[condition, "residual_points"] == pytest.approx(accuracy - (d - (d - k) / r_k * r)), condition
     # a tampered record is caught
     tampered = runs.calls.copy()
     tampered.loc[tampered["mode"] == "reuse", "rows_recomputed"] += 1000

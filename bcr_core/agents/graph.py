@@ -1,5 +1,5 @@
 """The FullConnected topology: agents 1..N as a DAG i -> j for i < j, plus a FinalRefer node
-fed by every agent (DESIGN §3). Agent j's user turn carries the task and agents 1..j-1's
+fed by every agent (docs/design.md §3). Agent j's user turn carries the task and agents 1..j-1's
 outputs; the final node's carries the task and all N outputs, so the task is prefilled N + 1
 times and agent i's output N - i + 1 times.
 """

@@ -1,4 +1,4 @@
-"""Role prompts for each benchmark, in our own words, faithful to the released roles (DESIGN §3).
+"""Role prompts for each benchmark, in our own words, faithful to the released roles (docs/design.md §3).
 
 A role is a system prompt. The user turn is built by `graph.py` from placeholders: the task
 (`{user_question}`) and each predecessor's output (`{agent_<i>_current}`). Roles cycle over the

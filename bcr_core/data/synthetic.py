@@ -15,7 +15,7 @@ Values are drawn at random from eight pools (city, pet, colour, job, age, room n
 fruit), so no prior knowledge helps: a model answers correctly only by reading the record
 list. Corrupting the KV cache of the record list therefore changes answers, which is the
 point: the task is a sensitive probe of cache reuse and repair on a model too small to do
-GSM8K or MMLU (see DESIGN.md §2).
+GSM8K or MMLU (docs/design.md §7).
 
 Why facts about one person rather than a table of names -> numbers: we measured both with
 SmolLM2-135M-Instruct. On name -> number tables it mostly answers with the first or last

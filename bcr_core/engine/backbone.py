@@ -6,8 +6,9 @@
   copies (in a copy of the cache) before attending, and a 4-D mask lets row i see the rows at or
   before its position, so a repaired row attending to another repaired row sees the corrected
   value; HF's own forward runs the layers in order, so later layers read the corrections earlier
-  ones made. Attention runs block by block over the visible key prefix (`attention.BLOCKED`). On a
-  sliding-window layer the mask also hides the rows outside the window (`windows`).
+  ones made. Attention runs block by block over the visible key prefix
+  (`bcr_core.engine.kernels.BLOCKED`). On a sliding-window layer the mask also hides the rows
+  outside the window (`windows`).
   Cost O(selected x total), not a prefill.
 - `draft`: k greedy tokens with an eager kernel that returns weights, giving the attention the k
   queries paid to the cached rows (Algorithm 2). The cache is never modified, so the draft is

@@ -158,7 +158,7 @@ def discordant(a: Iterable[object], b: Iterable[object]) -> tuple[int, int]:
 
 
 def reuse_accuracy_line(dense_acc: float, reuse_acc: float, reuse_rate: float) -> Callable[[float], float | np.ndarray]:
-    """The reuse-accuracy line of Equation 3 (paper §4.1, bcr-paper.txt line 217).
+    """The reuse-accuracy line of Equation 3 (paper §4.2).
 
     The paper draws the line through Dense at reuse 0 and unmodified KVComm at its
     realised reuse rate (0.600 in Table 7), not at reuse 1:

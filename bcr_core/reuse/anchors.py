@@ -1,4 +1,4 @@
-"""KVComm's anchor pool and entropy gate (paper §3, Equations 1-2; DESIGN §3).
+"""KVComm's anchor pool and entropy gate (paper §3, Equations 1-2; docs/design.md §2).
 
 An anchor is a segment seen before, stored with its base cache (the segment behind the user-turn
 header alone, at position 0) and, per agent node that prefilled it densely, the deviations

@@ -1,8 +1,9 @@
-"""Fidelity to Dense (DESIGN §4): answer identity, first-token agreement, and the mean next-token
+"""Fidelity to Dense (docs/design.md §4): answer identity, first-token agreement, and the mean next-token
 KL(Dense || method) teacher-forced on Dense's output.
 
 Per call, in situ: the same prompt served by Dense and by the method, each from its own cache.
-(Per item, across runs, agreement is computed from run records: `lab.tables.with_agreement`.)
+(Per item, across runs, agreement is computed from run records:
+`bcr_core.experiments.summary.with_agreement`.)
 """
 
 from __future__ import annotations

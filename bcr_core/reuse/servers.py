@@ -1,6 +1,6 @@
 """The servers that answer one agent call: Dense, token-matched Dense, and KVComm reuse.
 
-KVComm (DESIGN §3): the call's cache is assembled from the node's exact prefix cache and, for
+KVComm (docs/design.md §2): the call's cache is assembled from the node's exact prefix cache and, for
 each placeholder in order, the predicted cache of its value and of the template text after it,
 keys re-rotated to their offsets. If any placeholder fails the gate, the call is prefilled densely
 over the reuse path's ids (so segment boundaries are exact) and anchors are stored from it.
