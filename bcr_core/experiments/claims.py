@@ -112,7 +112,7 @@ def line_claim(gate: pd.DataFrame | None, dense, reuse, settings, boot: int = 20
     """Equation 3, as a null claim: every gate setting's accuracy residual off the line through Dense
     (reuse 0) and KVComm (its reuse rate) lies within ±MARGIN, by a paired bootstrap over items of
     the gate run's own arms. The TOST p is the largest over settings (intersection-union)."""
-    claim, paper, measure = "the gate only slides along Equation 3's line", "§4.1, Eq. 3, Tables 7 and 9", "correct"
+    claim, paper, measure = "the gate only slides along Equation 3's line", "§4.2, Eq. 3, Tables 7 and 9", "correct"
     present = [s for s in settings if gate is not None and s in set(gate["condition"])]
     if not present or {dense, reuse} - set(gate["condition"]):
         return Verdict(claim, paper, measure, "residuals off the line", "not measured", evidence="no gate run")
