@@ -102,20 +102,20 @@ class Prompt:
         return spans
 
 
-# The template of a tokenizer that carries none: the same segments as a chat template (system text, a
-# user turn, the assistant's cue) in plain text. A base model such as Gemma 3 270M (whose gguf has no
-# chat template) was trained on plain text, not on turn markers. Like ChatML, every turn's content starts
-# after a newline, so a segment's first token does not merge with the header before it whatever the
-# tokenizer; the BOS token (Gemma's outputs degrade without it) opens the prefix, as Gemma's own chat
-# template does. The assistant's cue ends in a colon and the answer starts with the model's first token.
+# The template of a tokenizer that carries none: the same segments as a chat template (system text, the
+# user turn, the assistant's cue) in plain text, for a base model such as Gemma 3 270M, whose gguf has no
+# chat template and which was trained on plain text, not on turn markers. Each turn ends in a blank line,
+# the BOS token opens the prefix (as in Gemma's own chat template; Gemma degrades without it), and the cue
+# is "Answer:". Measured on Gemma 3 270M, 10 synthetic items (seed 1): this cue answered 10/10; the same
+# text with a single newline before the cue 8/10, "Question:\n" before the user turn 7/10, and
+# "User:"/"Assistant:" turns 0/6 (it continues the record list, as a base model continues a document).
 PLAIN_TEMPLATE = (
     "{{ bos_token if bos_token else '' }}"
     "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
-    "{% elif message['role'] == 'user' %}User:\n{{ message['content'] }}\n\n"
-    "{% else %}Assistant:\n{{ message['content'] }}\n\n{% endif %}"
+    "{% if message['role'] == 'assistant' %}Answer: {{ message['content'] }}\n\n"
+    "{% else %}{{ message['content'] }}\n\n{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
+    "{% if add_generation_prompt %}Answer:{% endif %}"
 )
 
 
