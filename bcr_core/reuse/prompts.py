@@ -105,7 +105,7 @@ class Prompt:
 # The template of a tokenizer that carries none: the same segments as a chat template (system text, the
 # user turn, the assistant's cue) in plain text, for a base model such as Gemma 3 270M, whose gguf has no
 # chat template and which was trained on plain text, not on turn markers. Each turn ends in a blank line,
-# the BOS token opens the prefix (as in Gemma's own chat template; Gemma degrades without it), and the cue
+# the BOS token opens the prefix (as Gemma's own chat template and its pretraining documents do), and the cue
 # is "Answer:". Measured on Gemma 3 270M, 10 synthetic items (seed 1): this cue answered 10/10; the same
 # text with a single newline before the cue 8/10, "Question:\n" before the user turn 7/10, and
 # "User:"/"Assistant:" turns 0/6 (it continues the record list, as a base model continues a document).
