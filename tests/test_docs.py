@@ -29,8 +29,6 @@ DESIGN = CHECKOUT / "docs" / "design.md"
 CITED = re.compile(r"docs/design\.md §(\d+)")
 # Citations of files outside the repository, spelled so that this file does not match itself.
 FOREIGN = re.compile(r"DESIGN(?:\.md| §)|bcr-paper\.txt|\.\./shared")
-# Files others are rewriting that still cite the old notes; drop an entry once its file is fixed.
-PENDING = {"bcr_core/reuse/prompts.py"}
 
 
 def prose_files() -> list[Path]:
@@ -97,5 +95,4 @@ def test_every_cited_section_of_the_design_notes_exists():
 
 def test_nothing_cites_notes_outside_the_repository():
     citing = {str(p.relative_to(CHECKOUT)) for p in citing_files() if FOREIGN.search(p.read_text())}
-    assert citing <= PENDING, f"cite docs/design.md or the paper's sections instead: {sorted(citing - PENDING)}"
-    assert PENDING <= citing, f"fixed, so drop from PENDING: {sorted(PENDING - citing)}"
+    assert not citing, f"cite docs/design.md or the paper's sections instead: {sorted(citing)}"

@@ -7,7 +7,7 @@ says which one a model gets), the text splits at the placeholders into pieces:
     prefix | value_1 | text after value_1 | value_2 | text after value_2 | ...
 
 - The Dense path tokenizes the whole rendered text once.
-- The reuse path tokenizes every piece on its own and concatenates the ids (DESIGN §3).
+- The reuse path tokenizes every piece on its own and concatenates the ids (docs/design.md §1).
 
 Both are kept on every `Prompt`; where they differ is the tokenization term, which
 `tokenization_diff` shows token by token. A dense prefill of the reuse path's ids is the
@@ -141,7 +141,7 @@ def base_header(tokenizer) -> str:
     """The text between a system turn's content and a user turn's content in the chat template.
 
     Base caches are computed behind this header alone: the released code's "empty prefix"
-    is really the user-turn header (DESIGN §3).
+    is really the user-turn header (docs/design.md §2).
     """
     sys_mark, user_mark = "\x01SYSTEM\x01", "\x02USER\x02"
     text = render(tokenizer, sys_mark, user_mark)
