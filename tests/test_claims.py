@@ -223,7 +223,9 @@ def test_the_committed_results_give_the_committed_verdicts():
         assert tables[name]["claim"].tolist() == committed["claim"].tolist()
         assert tables[name]["verdict"].tolist() == committed["verdict"].tolist()
         assert tables[name]["p_holm"].fillna(-1).tolist() == pytest.approx(committed["p_holm"].fillna(-1).tolist())
-    for line in claims_report.markdown(tables["verdicts"], tables["verdicts_correct"]).splitlines():
+    shown = claims_report.markdown(tables["verdicts"], tables["verdicts_correct"]) + "\n"
+    shown += claims_report.grid_markdown(pd.read_csv(root / "grid_table.csv"))
+    for line in shown.splitlines():
         assert line in readme, line
 
 

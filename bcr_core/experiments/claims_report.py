@@ -86,5 +86,33 @@ def markdown(agree: pd.DataFrame, correct: pd.DataFrame) -> str:
     return "\n".join(header + lines + ["", margin, ""] + notes)
 
 
+def number(value, digits: int = 1, scale: float = 1.0) -> str:
+    return "" if pd.isna(value) else f"{scale * value:.{digits}f}"
+
+
+def grid_markdown(table: pd.DataFrame) -> str:
+    """The grid table as README shows it: per-item measures first, per-call ones as description."""
+    lines = [
+        "| condition | accuracy % [95% CI] | agrees with Dense % | KL to Dense per item | reuse calls | "
+        "first-token agree % | KL on reuse calls | rows / reuse call (share of cached) | wasted rows / reuse call | "
+        "vs KVComm: only KVComm / only this | p | KL p vs KVComm |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in table.itertuples():
+        split = "" if pd.isna(getattr(r, "only_reference_right", None)) else f"{r.only_reference_right:.0f} / "
+        split += "" if not split else f"{r.only_condition_right:.0f}"
+        lines.append(
+            f"| `{r.condition}` | {100 * r.accuracy:.1f} [{100 * r.wilson_lo:.1f}, {100 * r.wilson_hi:.1f}] | "
+            f"{number(r.agrees_dense, 1, 100)} | {number(r.kl_per_item, 4)} | {r.reuse_calls} | "
+            f"{number(r.first_token_agree, 1, 100)} | {number(r.kl_reuse_calls, 4)} | "
+            f"{r.rows_per_reuse_call:.1f} ({100 * r.rows_share:.1f}%) | {r.rows_wasted_per_call:.1f} | {split} | "
+            f"{p_text(getattr(r, 'p_exact', None))} | {p_text(getattr(r, 'kl_p_vs_reference', None))} |"
+        )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(write(sys.argv[1] if len(sys.argv) > 1 else "results/claims"))
+    folder = sys.argv[1] if len(sys.argv) > 1 else "results/claims"
+    print(write(folder))
+    print()
+    print(grid_markdown(pd.read_csv(Path(folder) / "grid_table.csv")))
