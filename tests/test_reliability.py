@@ -292,3 +292,39 @@ def test_smoke_honours_explicit_parameters(monkeypatch):
     monkeypatch.setenv("BCR_EXPLICIT_PARAMETERS", "n")
     p = params.check(n=7, agents=3, smoke=True).smoke()
     assert p.n == 7 and p.agents == 2  # n was set with -p; agents takes the smoke setting
+
+
+def committed_reuse_call() -> dict:
+    import gzip
+
+    from bcr_core.paths import RESULTS
+
+    with gzip.open(RESULTS / "claims" / "a" / "calls.jsonl.gz", "rt") as f:
+        return next(c for c in map(json.loads, f) if c["mode"] == "reuse" and c["decisions"])
+
+
+def nudged(value, by: float):
+    """`value` with every float moved by the relative amount `by`."""
+    if isinstance(value, dict):
+        return {k: nudged(v, by) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nudged(v, by) for v in value]
+    return value * (1 + by) + by * 1e-3 if isinstance(value, float) else value
+
+
+def test_records_from_another_cpu_compare_floats_with_a_tolerance_and_the_rest_exactly():
+    from conftest import record_differences
+
+    call = committed_reuse_call()
+    assert record_differences(nudged(call, 1e-7), call) == []  # the last bits of entropy, weights, seconds
+    assert record_differences(nudged(call, 1e-2), call)  # a real change in a float is still seen
+    token = call["output_tokens"][0]
+    other = nudged(call, 1e-7) | {"output_tokens": [token + 1, *call["output_tokens"][1:]]}
+    assert record_differences(other, call) == [f".output_tokens[0]: {token + 1} != {token}"]
+    other = nudged(call, 1e-7) | {"rows_recomputed": call["rows_recomputed"] + 1, "mode": "dense"}
+    assert [d.split(":")[0] for d in record_differences(other, call)] == [".mode", ".rows_recomputed"]
+    other = json.loads(json.dumps(call))
+    other["decisions"][0]["anchors"] = [float(a) for a in other["decisions"][0]["anchors"]]
+    assert record_differences(other, call) == [
+        f".decisions[0].anchors[0]: {other['decisions'][0]['anchors'][0]!r} != {call['decisions'][0]['anchors'][0]!r}"
+    ]
