@@ -358,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, ValueError, AssetError) as err:
         print(f"bcr {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # a run's interruption says what it kept (runner.Interrupted)
+        print(f"bcr {args.command}: {err or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

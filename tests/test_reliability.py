@@ -2,6 +2,7 @@
 record is lost. Each test injects the fault (a corrupted line, a flipped byte, a held lock, a bad
 argument) and asserts the exit code or exception and its message."""
 
+import errno
 import hashlib
 import json
 import os
@@ -328,3 +329,165 @@ def test_records_from_another_cpu_compare_floats_with_a_tolerance_and_the_rest_e
     assert record_differences(other, call) == [
         f".decisions[0].anchors[0]: {other['decisions'][0]['anchors'][0]!r} != {call['decisions'][0]['anchors'][0]!r}"
     ]
+
+
+def copied(finished, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in finished.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def edit_lines(path, change):
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(change(lines)))
+
+
+def with_record(lines, at, **fields):
+    """`lines` with the record on line `at` (1-based) changed by `fields` (None deletes a key)."""
+    row = json.loads(lines[at - 1])
+    row.update(fields)
+    row = {k: v for k, v in row.items() if v is not None}
+    return [*lines[: at - 1], json.dumps(row) + "\n", *lines[at:]]
+
+
+FOREIGN = {"condition": "bcr-chunk"}  # a record of a condition that is not in cell.json
+
+
+ITEMS, CALLS = "items.jsonl", "calls.jsonl"
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [  # the records run in order: item 0 under dense, kvcomm, coin (lines 1-3; calls 1-9), then item 1 ...
+        ({CALLS: lambda ls: [*ls[:-1], ls[-1][:40]]}, r"items.jsonl, line 12: item .* has no call final in calls"),
+        ({CALLS: lambda ls: ls[:12] + ls[15:]}, r"items.jsonl, line 5: item .* has no call agent_1, agent_2, final"),
+        ({CALLS: lambda ls: ls[:4] + ls[3:]}, r"calls.jsonl, line 5: repeats call agent_1 of .* \(line 4\)"),
+        ({CALLS: lambda ls: ls + ls[-1:]}, r"calls.jsonl, line 37: repeats call final"),
+        ({ITEMS: lambda ls: ls + [ls[0]]}, r"items.jsonl, line 13: repeats the record of .* on line 1"),
+        ({ITEMS: lambda ls: with_record(ls, 3, **FOREIGN)}, r"line 3: condition 'bcr-chunk' is not among cell.json"),
+        ({CALLS: lambda ls: with_record(ls, 7, **FOREIGN)}, r"calls.jsonl, line 7: condition 'bcr-chunk' is not"),
+        ({ITEMS: lambda ls: with_record(ls, 2, index="1")}, r"items.jsonl, line 2: index is '1', expected int"),
+        ({ITEMS: lambda ls: with_record(ls, 2, item_id=None)}, r"line 2: not an item record: it has no 'item_id'"),
+        ({CALLS: lambda ls: with_record(ls, 2, rows_recomputed="0")}, r"line 2: rows_recomputed is '0', expected"),
+        ({ITEMS: lambda ls: with_record(ls, 4, index=None)}, r"items.jsonl, line 4: not an item record: it has no"),
+        ({ITEMS: lambda ls: with_record(ls, 3, index=3)}, r"item '\S+' at index 3 is not one of this cell's items"),
+        ({ITEMS: lambda ls: ls[:1] + ls[2:]}, r"calls.jsonl, line 4: a call of .* has no item line, yet calls of"),
+        (
+            {ITEMS: lambda ls: ls[:1] + ls[2:], CALLS: lambda ls: ls[:3] + ls[6:]},
+            r"items.jsonl, line \d+: kvcomm:gamma=1 has item 1 but not item 0",
+        ),
+    ],
+)
+def test_resume_trusts_only_complete_items_and_stops_on_anything_else(tiny_chat, finished, tmp_path, changes, message):
+    out = copied(finished, tmp_path)
+    for name, change in changes.items():
+        edit_lines(out / name, change)
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=message + r".*nothing was changed on disk"):
+        run_cell(tiny_chat, CELL, out, progress=False)
+    assert snapshot(out) == before
+
+
+TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
+
+
+def records(path):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in runner.read_jsonl(path)]
+
+
+def test_a_torn_item_line_is_redone_and_records_are_written_through_symlinks(tiny_chat, finished, tmp_path):
+    out = copied(finished, tmp_path)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for name in (ITEMS, CALLS):
+        (out / name).rename(kept / name)
+        (out / name).symlink_to(kept / name)
+    edit_lines(out / ITEMS, lambda ls: [*ls[:-1], ls[-1][:30]])  # the last item line torn; its calls all written
+    assert len(run_cell(tiny_chat, CELL, out, progress=False)) == 12
+    for name in (ITEMS, CALLS):
+        assert (out / name).is_symlink() and records(kept / name) == records(finished / name)
+
+
+@pytest.mark.parametrize(
+    "content, found",
+    [
+        (b"[1, 2]", "holds a list"),
+        (b"", "holds text that is not JSON"),
+        (b"{'n': 4", "holds text that is not JSON"),
+    ],
+)
+def test_a_cell_json_that_is_not_settings_names_the_file(tmp_path, content, found):
+    (tmp_path / "cell.json").write_bytes(content)
+    with pytest.raises(ValueError, match=rf"cell.json should hold a run's settings as a JSON object, but {found}"):
+        RunFiles(tmp_path, CELL)
+
+
+def test_a_condition_refused_while_building_leaves_the_folder_usable(tiny_chat, tmp_path):
+    small = dict(n=1, max_new_tokens=2, extra={"seed": 7})
+    with pytest.raises(ValueError, match="cacheblend-reuse needs the paired BCR-chunk reuse rate"):
+        run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse"), **small), tmp_path, progress=False)
+    assert not (tmp_path / "cell.json").exists() and not (tmp_path / ".lock").exists()
+    assert len(run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse@0.5"), **small), tmp_path)) == 2
+
+
+@pytest.mark.parametrize(
+    "condition, message",
+    [
+        ("coin-chunk:seed=-1", "condition coin-chunk:seed=-1: option seed is a coin stream's seed, at least 0; got -1"),
+        (
+            "cacheblend-reuse@1.5",
+            "condition cacheblend-reuse@1.5: r is the paired BCR-chunk reuse rate, in [0, 1]; got 1.5",
+        ),
+        ("bcr-chunk@-0.2", "condition bcr-chunk@-0.2: rho is the share of rows repaired, in [0, 1]; got -0.2"),
+    ],
+)
+def test_a_value_no_server_takes_names_the_condition(condition, message):
+    with pytest.raises(ValueError) as refused:
+        Cell("synthetic", 2, ("dense", condition), 2)
+    assert str(refused.value) == message
+
+
+def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished, tmp_path, monkeypatch):
+    real_append, appended = runner.append_jsonl, []
+
+    def fill_up(path, rows):
+        if len(appended) == 7:  # item 4's calls: half a line gets to disk, then the disk is full
+            with open(path, "a") as f:
+                f.write(json.dumps(rows[0])[:25])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        appended.append(path)
+        real_append(path, rows)
+
+    monkeypatch.setattr(runner, "append_jsonl", fill_up)
+    with pytest.raises(ValueError, match=r"the disk is full \(No space left on device\) while appending item .*intact"):
+        run_cell(tiny_chat, CELL, tmp_path, progress=False)
+    assert len(runner.read_jsonl(tmp_path / ITEMS)) == 3
+    monkeypatch.setattr(runner, "append_jsonl", real_append)
+    run_cell(tiny_chat, CELL, tmp_path, progress=False)
+    assert records(tmp_path / ITEMS) == records(finished / ITEMS)
+    assert records(tmp_path / CALLS) == records(finished / CALLS)
+
+
+def run_args(out, *more):
+    settings = dict(benchmark="synthetic", agents=2, conditions=",".join(CELL.conditions), n=4, out=out)
+    settings |= {"max-new-tokens": 3, "item-seed": 7}
+    return ["run", *(a for k, v in settings.items() for a in (f"--{k}", str(v))), *more]
+
+
+def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_path, monkeypatch, capsys):
+    real_append = runner.RunFiles.append
+
+    def interrupt_at_third(self, item, calls):
+        if item["index"] == 1 and item["condition"] == "dense":
+            raise KeyboardInterrupt
+        real_append(self, item, calls)
+
+    monkeypatch.setattr(runner.RunFiles, "append", interrupt_at_third)
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
+    assert main(run_args(tmp_path / "r")) == 130
+    err = capsys.readouterr().err.strip()  # the progress bar's lines, then one line
+    assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
+    assert "Traceback" not in err
+    assert len(runner.read_jsonl(tmp_path / "r" / ITEMS)) == 3
