@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -491,3 +492,64 @@ def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_pa
     assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
     assert "Traceback" not in err
     assert len(runner.read_jsonl(tmp_path / "r" / ITEMS)) == 3
+
+
+GRID = """
+[defaults]
+benchmark = "synthetic"
+agents = 2
+n = 4
+max_new_tokens = 3
+item_seed = 7
+conditions = ["dense", "kvcomm:gamma=1", "coin-single:gamma=1,skip=off,seed=3"]
+
+[cells.a]
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "out, more, message",
+    [
+        ("file", [], r"--out \S+file cannot hold a grid: it is a file; give a folder"),
+        (
+            "dir",
+            ["--ray", "127.0.0.1:{port}"],
+            r"--ray 127.0.0.1:\d+: cannot reach the Ray cluster \(Connection refused",
+        ),
+    ],
+)
+def test_a_grid_out_that_is_a_file_or_a_ray_address_that_does_not_answer_is_one_line(
+    tmp_path, capsys, out, more, message
+):
+    import time
+
+    (tmp_path / "grid.toml").write_text(GRID)
+    (tmp_path / "file").write_text("x")
+    more = [m.format(port=free_port()) for m in more]
+    began = time.monotonic()
+    assert main(["grid", str(tmp_path / "grid.toml"), "--out", str(tmp_path / out), *more]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert time.monotonic() - began < 30
+
+
+def test_a_grid_cell_with_a_bad_record_is_named_before_any_work(finished, tmp_path, monkeypatch):
+    from bcr_core.experiments import grid
+
+    (tmp_path / "grid.toml").write_text(GRID)
+    cells = grid.read_grid(tmp_path / "grid.toml")
+    assert cells[0].cell == CELL
+    (tmp_path / "out").mkdir()
+    copied(finished, tmp_path / "out").rename(tmp_path / "out" / "a")
+    edit_lines(tmp_path / "out" / "a" / ITEMS, lambda ls: with_record(ls, 12, index="3"))
+    monkeypatch.setattr(grid, "backbone", lambda model: pytest.fail("work started"))
+    with pytest.raises(grid.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
+        grid.run_grid(cells, tmp_path / "out", progress=False)
