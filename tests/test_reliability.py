@@ -553,3 +553,44 @@ def test_a_grid_cell_with_a_bad_record_is_named_before_any_work(finished, tmp_pa
     monkeypatch.setattr(grid, "backbone", lambda model: pytest.fail("work started"))
     with pytest.raises(grid.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
         grid.run_grid(cells, tmp_path / "out", progress=False)
+
+
+def test_an_empty_model_or_a_hub_id_without_network_is_one_line_at_once(tmp_path, capsys, monkeypatch):
+    import time
+
+    assert main(["verify", "--model", ""]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "bcr verify: error: --model is empty: give 'default', a local Hugging Face directory, or a hub id"
+    )
+    for key in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # a hub that does not answer
+    began = time.monotonic()
+    assert main(["verify", "--model", "nobody/no-such-model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and time.monotonic() - began < 5
+    assert "'nobody/no-such-model' is not in the local Hugging Face cache and the hub (127.0.0.1) cannot" in err
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        (dict(num_attention_heads=5, num_key_value_heads=5, head_dim=None), "hidden_size 64 is not a multiple of "),
+        (dict(num_key_value_heads=3), "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ],
+)
+def test_a_config_whose_attention_shapes_cannot_work_is_refused_before_loading(tmp_path, shape, message):
+    from conftest import tiny_llama_config
+
+    from bcr_core.engine.backbone import Backbone
+
+    settings = {k: v for k, v in (tiny_llama_config().to_dict() | shape).items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    (tmp_path / "model.safetensors").write_bytes(b"never read")
+    with pytest.raises(models.ModelError, match=rf"{tmp_path}/config.json: {message}"):
+        models.load_pretrained(str(tmp_path))
+    with pytest.raises(models.ModelError, match=message):
+        Backbone.load(f"config:{tmp_path}")
+    if "head_dim" not in shape:  # a config built in Python (transformers itself refuses the other)
+        with pytest.raises(models.ModelError, match=rf"the llama config: {message}"):
+            Backbone.from_config(tiny_llama_config(**shape))
