@@ -204,6 +204,24 @@ def test_the_pinned_checksums_are_the_converted_models():
         ),
         (["ttft", "--lengths", "0"], "--lengths are segment lengths in tokens, each at least 1; got [0]"),
         (["unit-curve", "--prompts", "MISSING"], "--prompts MISSING: no such file"),
+        (["unit-curve", "--prompts", "/dev/null"], "--prompts /dev/null holds no prompts; give a JSONL file"),
+        (["ttft", "--lengths", ""], "--lengths is empty; give a comma-separated list of integers"),
+        (["ttft", "--rho", "0.1,0.2,0.1"], "--rho lists 0.1 more than once; give each value once"),
+        (["unit-curve", "--units", ""], "--units is empty; give a comma-separated list of integers"),
+        (["unit-curve", "--units", "16,16"], "--units lists 16 more than once"),
+        (["notebooks", "--only", ""], "bcr notebooks: error: --only is empty"),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "coin-chunk", "--seeds", "", "--n", "2", "--out", "X"],
+            "--seeds is empty",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "dense,coin-chunk:seed=-1", "--n", "2", "--out", "X"],
+            "condition coin-chunk:seed=-1: option seed is a coin stream's seed, at least 0; got -1",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "cacheblend-reuse@1.5", "--n", "2", "--out", "X"],
+            "condition cacheblend-reuse@1.5: r is the paired BCR-chunk reuse rate, in [0, 1]; got 1.5",
+        ),
     ],
 )
 def test_mistaken_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
@@ -425,6 +443,31 @@ def test_a_cell_json_that_is_not_settings_names_the_file(tmp_path, content, foun
         RunFiles(tmp_path, CELL)
 
 
+def gzipped(path, text: str) -> None:
+    import gzip
+
+    path.write_bytes(gzip.compress(text.encode()))
+
+
+def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
+    from bcr_core.experiments.grid import read_grid
+    from bcr_core.experiments.unit_curve import read_prompts
+
+    gzipped(tmp_path / "cell.json", (finished / "cell.json").read_text())
+    with pytest.raises(ValueError, match=r"cell.json is not UTF-8 text \(byte 1, it is gzip'd\); expected a run's"):
+        RunFiles(tmp_path, CELL)
+    out = copied(finished, tmp_path)
+    gzipped(out / CALLS, (finished / CALLS).read_text())
+    with pytest.raises(ValueError, match=r"run/calls.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected rec"):
+        runner.read_jsonl(out / CALLS)
+    (tmp_path / "grid.toml").write_bytes(b"[defaults]\nn = 2 # \xe9t\xe9\n")  # Latin-1
+    with pytest.raises(ValueError, match=r"grid.toml is not UTF-8 text \(byte 19\); expected a grid file in TOML"):
+        read_grid(tmp_path / "grid.toml")
+    gzipped(tmp_path / "p.jsonl", '{"text": "a"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected JSON lines"):
+        read_prompts(tmp_path / "p.jsonl")
+
+
 def test_a_condition_refused_while_building_leaves_the_folder_usable(tiny_chat, tmp_path):
     small = dict(n=1, max_new_tokens=2, extra={"seed": 7})
     with pytest.raises(ValueError, match="cacheblend-reuse needs the paired BCR-chunk reuse rate"):
@@ -594,3 +637,58 @@ def test_a_config_whose_attention_shapes_cannot_work_is_refused_before_loading(t
     if "head_dim" not in shape:  # a config built in Python (transformers itself refuses the other)
         with pytest.raises(models.ModelError, match=rf"the llama config: {message}"):
             Backbone.from_config(tiny_llama_config(**shape))
+
+
+@pytest.mark.parametrize(
+    "damage, load, message",
+    [
+        (lambda d: (d / "manifest.json").unlink(), "load_gsm8k", r"manifest.json is missing"),
+        (
+            lambda d: (d / "manifest.json").write_text((d / "manifest.json").read_text()[:300]),
+            "load_mmlu",
+            r"manifest.json is unreadable \(JSONDecodeError: .*\): restore it",
+        ),
+        (lambda d: (d / "gsm8k.jsonl").unlink(), "load_gsm8k", r"gsm8k.jsonl is missing: restore it"),
+        (lambda d: (d / "humaneval.jsonl.gz").unlink(), "load_humaneval", r"humaneval.jsonl.gz is missing: restore"),
+    ],
+)
+def test_missing_or_truncated_data_names_the_file(tmp_path, monkeypatch, capsys, damage, load, message):
+    for f in datasets.data_dir().iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    damage(tmp_path)
+    monkeypatch.setattr(datasets, "_package_data_dir", lambda: tmp_path)
+    with pytest.raises(AssetError, match=message):
+        getattr(datasets, load)()
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: None)
+    benchmark = {"load_gsm8k": "gsm8k", "load_mmlu": "mmlu", "load_humaneval": "humaneval"}[load]
+    argv = ["run", "--benchmark", benchmark, "--agents", "2", "--conditions", "dense", "--n", "1"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["ttft", "--lengths", "64,100000"],
+            r"--lengths 100000: a call is \d+ tokens .* context of 8192 .* fits is \d+",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "2", "--max-new-tokens", "1000000000"],
+            r"--max-new-tokens 1000000000 does not fit the model's context of 8192 tokens",
+        ),
+    ],
+)
+def test_lengths_past_the_models_context_are_refused_before_any_work(
+    tiny_chat, tmp_path, capsys, monkeypatch, argv, message
+):
+    from bcr_core.experiments import latency
+
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
+    assert main([*argv, *(["--out", str(tmp_path / "r")] if argv[0] == "run" else [])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "r" / "cell.json").exists()
