@@ -692,3 +692,24 @@ def test_lengths_past_the_models_context_are_refused_before_any_work(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "r" / "cell.json").exists()
+
+
+def test_notebooks_out_that_is_a_file_and_smoke_given_as_a_parameter(tmp_path, monkeypatch, capsys):
+    from bcr_core.lab import notebooks
+
+    (tmp_path / "file").write_text("x")
+    assert main(["notebooks", "--only", "00", "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out" in err and "file cannot hold the reports: it is a file" in err
+    seen = []
+
+    def run_notebook(path, out, parameters, kernel):
+        seen.append(parameters["smoke"])
+        return notebooks.NotebookResult(path.stem, 0.0, str(out / path.name), None)
+
+    monkeypatch.setattr(notebooks, "run_notebook", run_notebook)
+    monkeypatch.setattr(notebooks, "kernel_name", lambda: "bcr-lab")
+    assert main(["notebooks", "--only", "00", "--out", str(tmp_path / "r"), "-p", "smoke=true"]) == 0
+    assert seen == [True]  # it was overwritten with smoke = False
+    assert main(["notebooks", "--only", "00", "--out", str(tmp_path / "r"), "--smoke", "-p", "smoke=false"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--smoke and -p smoke=false disagree; give one of them")
