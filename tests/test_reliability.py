@@ -493,19 +493,20 @@ def test_a_value_no_server_takes_names_the_condition(condition, message):
     assert str(refused.value) == message
 
 
-def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished, tmp_path, monkeypatch):
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG])  # a full disk; a file past the size limit
+def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished, tmp_path, monkeypatch, code):
     real_append, appended = runner.append_jsonl, []
 
     def fill_up(path, rows):
         if len(appended) == 7:  # item 4's calls: half a line gets to disk, then the disk is full
             with open(path, "a") as f:
                 f.write(json.dumps(rows[0])[:25])
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(code, os.strerror(code))
         appended.append(path)
         real_append(path, rows)
 
     monkeypatch.setattr(runner, "append_jsonl", fill_up)
-    with pytest.raises(ValueError, match=r"the disk is full \(No space left on device\) while appending item .*intact"):
+    with pytest.raises(ValueError, match=rf"the disk is full \({os.strerror(code)}\) while appending item .*intact"):
         run_cell(tiny_chat, CELL, tmp_path, progress=False)
     assert len(runner.read_jsonl(tmp_path / ITEMS)) == 3
     monkeypatch.setattr(runner, "append_jsonl", real_append)
