@@ -211,11 +211,12 @@ def run_notebooks(
     parameters: dict | None = None,
     results_dir=None,
     folder: Path = NOTEBOOK_DIR,
-    log=sys.stderr,
+    log=None,
 ) -> list[NotebookResult]:
     """Execute the notebooks in order (all of them, or those named in `only`), each with `parameters`
     it declares, plus `smoke` and, in smoke mode, a results folder under `out` (unless
     `results_dir` is given). Writes `out/summary.json`; returns one result per notebook."""
+    log = log or sys.stderr  # looked up per call: a stream bound at import may since have been replaced and closed
     out = writable_folder(Path(out).resolve())
     paths = notebook_paths(only, folder)
     parameters = dict(parameters or {})
