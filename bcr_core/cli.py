@@ -94,7 +94,7 @@ def cmd_run(args) -> int:
         args.pinned,
         args.model,
         args.reference,
-        split_list(args.seeds, int) if args.seeds else None,
+        split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
         args.item_seed,
         args.fidelity,
     )
@@ -131,7 +131,7 @@ def cmd_unit_curve(args) -> int:
     config = UnitCurveConfig(
         args.segment_tokens,
         args.budget,
-        tuple(split_list(args.units, int)),
+        tuple(split_list(args.units, int, "--units")),
         tuple(args.seed + i for i in range(args.seeds)),
     )
     texts = read_prompts(args.prompts) if args.prompts else default_texts()
@@ -142,13 +142,14 @@ def cmd_unit_curve(args) -> int:
 
 
 def cmd_ttft(args) -> int:
-    from bcr_core.experiments.latency import check_settings, ttft_table
+    from bcr_core.experiments.latency import check_lengths, check_settings, ttft_table
 
-    lengths = split_list(args.lengths, int)
+    lengths, rhos = split_list(args.lengths, int, "--lengths"), split_list(args.rho, float, "--rho")
     check_settings(lengths, args.samples)
-    table = ttft_table(
-        load_backbone(args.model), lengths, split_list(args.rho, float), args.samples, progress=True
-    )  # tqdm writes to stderr, so --json stdout stays one document
+    bb = load_backbone(args.model)
+    check_lengths(bb, lengths)
+    # tqdm writes to stderr, so --json stdout stays one document
+    table = ttft_table(bb, lengths, rhos, args.samples, progress=True)
     return print_table(table, args, digits=2)
 
 
@@ -160,7 +161,10 @@ def cmd_notebooks(args) -> int:
         parameters["model"] = args.model
     try:
         results = run_notebooks(
-            args.out, smoke=args.smoke, only=split_list(args.only, str) if args.only else None, parameters=parameters
+            args.out,
+            smoke=args.smoke,
+            only=split_list(args.only, str, "--only") if args.only is not None else None,
+            parameters=parameters,
         )
     except NotebookError as err:
         print(f"bcr notebooks: error: {err}", file=sys.stderr)
@@ -227,11 +231,22 @@ def cmd_explore(args) -> int:
     return 0
 
 
-def split_list(text: str, kind):
+ITEMS = {int: "integers", float: "numbers", str: "names"}
+
+
+def split_list(text: str, kind, option: str | None = None):
+    """A comma-separated option value as a list; with `option` named, an empty list or a value given
+    twice is an error naming it."""
     try:
-        return [kind(x.strip()) for x in text.split(",") if x.strip()]
+        values = [kind(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"cannot read {text!r} as a comma-separated list of {kind.__name__}") from None
+    if option and not values:
+        raise ValueError(f"{option} is empty; give a comma-separated list of {ITEMS[kind]}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if option and twice:
+        raise ValueError(f"{option} lists {', '.join(map(str, twice))} more than once; give each value once")
+    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, ValueError, AssetError) as err:
         print(f"bcr {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # a run's interruption says what it kept (runner.Interrupted)
+        print(f"bcr {args.command}: {err or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -22,3 +22,14 @@ def written_whole(path: Path) -> Iterator[Path]:
         partial.unlink(missing_ok=True)
         raise
     partial.replace(path)
+
+
+def utf8_text(path: Path, expected: str) -> str:
+    """The file's text; a file that is not UTF-8 (a gzip'd one, say) is a ValueError naming it and
+    `expected`, what it should hold. OSErrors (a missing file) are left to the caller."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        gzipped = ", it is gzip'd" if raw[:2] == b"\x1f\x8b" else ""
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}{gzipped}); expected {expected}") from None

@@ -4,6 +4,8 @@ family (`tiny_family_config`), and, for a few tests, the real models (the embedd
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig
@@ -136,3 +138,25 @@ def tiny_chat(chat_tokenizer) -> Backbone:
     bb = Backbone.from_config(config, device="cpu", dtype=torch.float32, seed=0)
     bb.tokenizer = chat_tokenizer
     return bb
+
+
+def record_differences(fresh, wanted, rel: float = 1e-4, abs_: float = 1e-6, at: str = "") -> list[str]:
+    """Where two records (nested dicts and lists) differ: floats within `rel`/`abs_` (the last bits of a
+    gate's entropy or anchor weights move from one CPU to another), everything else exactly (ints,
+    strings, bools, tokens, routes, rows). Returns the differing paths, empty when they agree."""
+    if isinstance(fresh, dict) and isinstance(wanted, dict):
+        if fresh.keys() != wanted.keys():
+            return [f"{at or '.'}: keys {sorted(fresh)} != {sorted(wanted)}"]
+        return [d for k in fresh for d in record_differences(fresh[k], wanted[k], rel, abs_, f"{at}.{k}")]
+    if isinstance(fresh, list) and isinstance(wanted, list):
+        if len(fresh) != len(wanted):
+            return [f"{at}: {len(fresh)} entries != {len(wanted)}"]
+        return [
+            d for i, (a, b) in enumerate(zip(fresh, wanted)) for d in record_differences(a, b, rel, abs_, f"{at}[{i}]")
+        ]
+    if isinstance(fresh, float) and isinstance(wanted, float):
+        if math.isclose(fresh, wanted, rel_tol=rel, abs_tol=abs_):
+            return []
+    elif type(fresh) is type(wanted) and fresh == wanted:  # an int that became a float is a change
+        return []
+    return [f"{at}: {fresh!r} != {wanted!r}"]

@@ -2,9 +2,11 @@
 record is lost. Each test injects the fault (a corrupted line, a flipped byte, a held lock, a bad
 argument) and asserts the exit code or exception and its message."""
 
+import errno
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -202,6 +204,24 @@ def test_the_pinned_checksums_are_the_converted_models():
         ),
         (["ttft", "--lengths", "0"], "--lengths are segment lengths in tokens, each at least 1; got [0]"),
         (["unit-curve", "--prompts", "MISSING"], "--prompts MISSING: no such file"),
+        (["unit-curve", "--prompts", "/dev/null"], "--prompts /dev/null holds no prompts; give a JSONL file"),
+        (["ttft", "--lengths", ""], "--lengths is empty; give a comma-separated list of integers"),
+        (["ttft", "--rho", "0.1,0.2,0.1"], "--rho lists 0.1 more than once; give each value once"),
+        (["unit-curve", "--units", ""], "--units is empty; give a comma-separated list of integers"),
+        (["unit-curve", "--units", "16,16"], "--units lists 16 more than once"),
+        (["notebooks", "--only", ""], "bcr notebooks: error: --only is empty"),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "coin-chunk", "--seeds", "", "--n", "2", "--out", "X"],
+            "--seeds is empty",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "dense,coin-chunk:seed=-1", "--n", "2", "--out", "X"],
+            "condition coin-chunk:seed=-1: option seed is a coin stream's seed, at least 0; got -1",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "cacheblend-reuse@1.5", "--n", "2", "--out", "X"],
+            "condition cacheblend-reuse@1.5: r is the paired BCR-chunk reuse rate, in [0, 1]; got 1.5",
+        ),
     ],
 )
 def test_mistaken_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
@@ -292,3 +312,405 @@ def test_smoke_honours_explicit_parameters(monkeypatch):
     monkeypatch.setenv("BCR_EXPLICIT_PARAMETERS", "n")
     p = params.check(n=7, agents=3, smoke=True).smoke()
     assert p.n == 7 and p.agents == 2  # n was set with -p; agents takes the smoke setting
+
+
+def committed_reuse_call() -> dict:
+    import gzip
+
+    from bcr_core.paths import RESULTS
+
+    with gzip.open(RESULTS / "claims" / "a" / "calls.jsonl.gz", "rt") as f:
+        return next(c for c in map(json.loads, f) if c["mode"] == "reuse" and c["decisions"])
+
+
+def nudged(value, by: float):
+    """`value` with every float moved by the relative amount `by`."""
+    if isinstance(value, dict):
+        return {k: nudged(v, by) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nudged(v, by) for v in value]
+    return value * (1 + by) + by * 1e-3 if isinstance(value, float) else value
+
+
+def test_records_from_another_cpu_compare_floats_with_a_tolerance_and_the_rest_exactly():
+    from conftest import record_differences
+
+    call = committed_reuse_call()
+    assert record_differences(nudged(call, 1e-7), call) == []  # the last bits of entropy, weights, seconds
+    assert record_differences(nudged(call, 1e-2), call)  # a real change in a float is still seen
+    token = call["output_tokens"][0]
+    other = nudged(call, 1e-7) | {"output_tokens": [token + 1, *call["output_tokens"][1:]]}
+    assert record_differences(other, call) == [f".output_tokens[0]: {token + 1} != {token}"]
+    other = nudged(call, 1e-7) | {"rows_recomputed": call["rows_recomputed"] + 1, "mode": "dense"}
+    assert [d.split(":")[0] for d in record_differences(other, call)] == [".mode", ".rows_recomputed"]
+    other = json.loads(json.dumps(call))
+    other["decisions"][0]["anchors"] = [float(a) for a in other["decisions"][0]["anchors"]]
+    assert record_differences(other, call) == [
+        f".decisions[0].anchors[0]: {other['decisions'][0]['anchors'][0]!r} != {call['decisions'][0]['anchors'][0]!r}"
+    ]
+
+
+def copied(finished, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in finished.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def edit_lines(path, change):
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(change(lines)))
+
+
+def with_record(lines, at, **fields):
+    """`lines` with the record on line `at` (1-based) changed by `fields` (None deletes a key)."""
+    row = json.loads(lines[at - 1])
+    row.update(fields)
+    row = {k: v for k, v in row.items() if v is not None}
+    return [*lines[: at - 1], json.dumps(row) + "\n", *lines[at:]]
+
+
+FOREIGN = {"condition": "bcr-chunk"}  # a record of a condition that is not in cell.json
+
+
+ITEMS, CALLS = "items.jsonl", "calls.jsonl"
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [  # the records run in order: item 0 under dense, kvcomm, coin (lines 1-3; calls 1-9), then item 1 ...
+        ({CALLS: lambda ls: [*ls[:-1], ls[-1][:40]]}, r"items.jsonl, line 12: item .* has no call final in calls"),
+        ({CALLS: lambda ls: ls[:12] + ls[15:]}, r"items.jsonl, line 5: item .* has no call agent_1, agent_2, final"),
+        ({CALLS: lambda ls: ls[:4] + ls[3:]}, r"calls.jsonl, line 5: repeats call agent_1 of .* \(line 4\)"),
+        ({CALLS: lambda ls: ls + ls[-1:]}, r"calls.jsonl, line 37: repeats call final"),
+        ({ITEMS: lambda ls: ls + [ls[0]]}, r"items.jsonl, line 13: repeats the record of .* on line 1"),
+        ({ITEMS: lambda ls: with_record(ls, 3, **FOREIGN)}, r"line 3: condition 'bcr-chunk' is not among cell.json"),
+        ({CALLS: lambda ls: with_record(ls, 7, **FOREIGN)}, r"calls.jsonl, line 7: condition 'bcr-chunk' is not"),
+        ({ITEMS: lambda ls: with_record(ls, 2, index="1")}, r"items.jsonl, line 2: index is '1', expected int"),
+        ({ITEMS: lambda ls: with_record(ls, 2, item_id=None)}, r"line 2: not an item record: it has no 'item_id'"),
+        ({CALLS: lambda ls: with_record(ls, 2, rows_recomputed="0")}, r"line 2: rows_recomputed is '0', expected"),
+        ({ITEMS: lambda ls: with_record(ls, 4, index=None)}, r"items.jsonl, line 4: not an item record: it has no"),
+        ({ITEMS: lambda ls: with_record(ls, 3, index=3)}, r"item '\S+' at index 3 is not one of this cell's items"),
+        ({ITEMS: lambda ls: ls[:1] + ls[2:]}, r"calls.jsonl, line 4: a call of .* has no item line, yet calls of"),
+        (
+            {ITEMS: lambda ls: ls[:1] + ls[2:], CALLS: lambda ls: ls[:3] + ls[6:]},
+            r"items.jsonl, line \d+: kvcomm:gamma=1 has item 1 but not item 0",
+        ),
+    ],
+)
+def test_resume_trusts_only_complete_items_and_stops_on_anything_else(tiny_chat, finished, tmp_path, changes, message):
+    out = copied(finished, tmp_path)
+    for name, change in changes.items():
+        edit_lines(out / name, change)
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=message + r".*nothing was changed on disk"):
+        run_cell(tiny_chat, CELL, out, progress=False)
+    assert snapshot(out) == before
+
+
+TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
+
+
+def records(path):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in runner.read_jsonl(path)]
+
+
+def test_a_torn_item_line_is_redone_and_records_are_written_through_symlinks(tiny_chat, finished, tmp_path):
+    out = copied(finished, tmp_path)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for name in (ITEMS, CALLS):
+        (out / name).rename(kept / name)
+        (out / name).symlink_to(kept / name)
+    edit_lines(out / ITEMS, lambda ls: [*ls[:-1], ls[-1][:30]])  # the last item line torn; its calls all written
+    assert len(run_cell(tiny_chat, CELL, out, progress=False)) == 12
+    for name in (ITEMS, CALLS):
+        assert (out / name).is_symlink() and records(kept / name) == records(finished / name)
+
+
+@pytest.mark.parametrize(
+    "content, found",
+    [
+        (b"[1, 2]", "holds a list"),
+        (b"", "holds text that is not JSON"),
+        (b"{'n': 4", "holds text that is not JSON"),
+    ],
+)
+def test_a_cell_json_that_is_not_settings_names_the_file(tmp_path, content, found):
+    (tmp_path / "cell.json").write_bytes(content)
+    with pytest.raises(ValueError, match=rf"cell.json should hold a run's settings as a JSON object, but {found}"):
+        RunFiles(tmp_path, CELL)
+
+
+def gzipped(path, text: str) -> None:
+    import gzip
+
+    path.write_bytes(gzip.compress(text.encode()))
+
+
+def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
+    from bcr_core.experiments.grid import read_grid
+    from bcr_core.experiments.unit_curve import read_prompts
+
+    gzipped(tmp_path / "cell.json", (finished / "cell.json").read_text())
+    with pytest.raises(ValueError, match=r"cell.json is not UTF-8 text \(byte 1, it is gzip'd\); expected a run's"):
+        RunFiles(tmp_path, CELL)
+    out = copied(finished, tmp_path)
+    gzipped(out / CALLS, (finished / CALLS).read_text())
+    with pytest.raises(ValueError, match=r"run/calls.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected rec"):
+        runner.read_jsonl(out / CALLS)
+    (tmp_path / "grid.toml").write_bytes(b"[defaults]\nn = 2 # \xe9t\xe9\n")  # Latin-1
+    with pytest.raises(ValueError, match=r"grid.toml is not UTF-8 text \(byte 19\); expected a grid file in TOML"):
+        read_grid(tmp_path / "grid.toml")
+    gzipped(tmp_path / "p.jsonl", '{"text": "a"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected JSON lines"):
+        read_prompts(tmp_path / "p.jsonl")
+
+
+def test_a_condition_refused_while_building_leaves_the_folder_usable(tiny_chat, tmp_path):
+    small = dict(n=1, max_new_tokens=2, extra={"seed": 7})
+    with pytest.raises(ValueError, match="cacheblend-reuse needs the paired BCR-chunk reuse rate"):
+        run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse"), **small), tmp_path, progress=False)
+    assert not (tmp_path / "cell.json").exists() and not (tmp_path / ".lock").exists()
+    assert len(run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse@0.5"), **small), tmp_path)) == 2
+
+
+@pytest.mark.parametrize(
+    "condition, message",
+    [
+        ("coin-chunk:seed=-1", "condition coin-chunk:seed=-1: option seed is a coin stream's seed, at least 0; got -1"),
+        (
+            "cacheblend-reuse@1.5",
+            "condition cacheblend-reuse@1.5: r is the paired BCR-chunk reuse rate, in [0, 1]; got 1.5",
+        ),
+        ("bcr-chunk@-0.2", "condition bcr-chunk@-0.2: rho is the share of rows repaired, in [0, 1]; got -0.2"),
+    ],
+)
+def test_a_value_no_server_takes_names_the_condition(condition, message):
+    with pytest.raises(ValueError) as refused:
+        Cell("synthetic", 2, ("dense", condition), 2)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG])  # a full disk; a file past the size limit
+def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished, tmp_path, monkeypatch, code):
+    real_append, appended = runner.append_jsonl, []
+
+    def fill_up(path, rows):
+        if len(appended) == 7:  # item 4's calls: half a line gets to disk, then the disk is full
+            with open(path, "a") as f:
+                f.write(json.dumps(rows[0])[:25])
+            raise OSError(code, os.strerror(code))
+        appended.append(path)
+        real_append(path, rows)
+
+    monkeypatch.setattr(runner, "append_jsonl", fill_up)
+    with pytest.raises(ValueError, match=rf"the disk is full \({os.strerror(code)}\) while appending item .*intact"):
+        run_cell(tiny_chat, CELL, tmp_path, progress=False)
+    assert len(runner.read_jsonl(tmp_path / ITEMS)) == 3
+    monkeypatch.setattr(runner, "append_jsonl", real_append)
+    run_cell(tiny_chat, CELL, tmp_path, progress=False)
+    assert records(tmp_path / ITEMS) == records(finished / ITEMS)
+    assert records(tmp_path / CALLS) == records(finished / CALLS)
+
+
+def run_args(out, *more):
+    settings = dict(benchmark="synthetic", agents=2, conditions=",".join(CELL.conditions), n=4, out=out)
+    settings |= {"max-new-tokens": 3, "item-seed": 7}
+    return ["run", *(a for k, v in settings.items() for a in (f"--{k}", str(v))), *more]
+
+
+def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_path, monkeypatch, capsys):
+    real_append = runner.RunFiles.append
+
+    def interrupt_at_third(self, item, calls):
+        if item["index"] == 1 and item["condition"] == "dense":
+            raise KeyboardInterrupt
+        real_append(self, item, calls)
+
+    monkeypatch.setattr(runner.RunFiles, "append", interrupt_at_third)
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
+    assert main(run_args(tmp_path / "r")) == 130
+    err = capsys.readouterr().err.strip()  # the progress bar's lines, then one line
+    assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
+    assert "Traceback" not in err
+    assert len(runner.read_jsonl(tmp_path / "r" / ITEMS)) == 3
+
+
+GRID = """
+[defaults]
+benchmark = "synthetic"
+agents = 2
+n = 4
+max_new_tokens = 3
+item_seed = 7
+conditions = ["dense", "kvcomm:gamma=1", "coin-single:gamma=1,skip=off,seed=3"]
+
+[cells.a]
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "out, more, message",
+    [
+        ("file", [], r"--out \S+file cannot hold a grid: it is a file; give a folder"),
+        (
+            "dir",
+            ["--ray", "127.0.0.1:{port}"],
+            r"--ray 127.0.0.1:\d+: cannot reach the Ray cluster \(Connection refused",
+        ),
+    ],
+)
+def test_a_grid_out_that_is_a_file_or_a_ray_address_that_does_not_answer_is_one_line(
+    tmp_path, capsys, out, more, message
+):
+    import time
+
+    (tmp_path / "grid.toml").write_text(GRID)
+    (tmp_path / "file").write_text("x")
+    more = [m.format(port=free_port()) for m in more]
+    began = time.monotonic()
+    assert main(["grid", str(tmp_path / "grid.toml"), "--out", str(tmp_path / out), *more]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert time.monotonic() - began < 30
+
+
+def test_a_grid_cell_with_a_bad_record_is_named_before_any_work(finished, tmp_path, monkeypatch):
+    from bcr_core.experiments import grid
+
+    (tmp_path / "grid.toml").write_text(GRID)
+    cells = grid.read_grid(tmp_path / "grid.toml")
+    assert cells[0].cell == CELL
+    (tmp_path / "out").mkdir()
+    copied(finished, tmp_path / "out").rename(tmp_path / "out" / "a")
+    edit_lines(tmp_path / "out" / "a" / ITEMS, lambda ls: with_record(ls, 12, index="3"))
+    monkeypatch.setattr(grid, "backbone", lambda model: pytest.fail("work started"))
+    with pytest.raises(grid.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
+        grid.run_grid(cells, tmp_path / "out", progress=False)
+
+
+def test_an_empty_model_or_a_hub_id_without_network_is_one_line_at_once(tmp_path, capsys, monkeypatch):
+    import time
+
+    assert main(["verify", "--model", ""]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "bcr verify: error: --model is empty: give 'default', a local Hugging Face directory, or a hub id"
+    )
+    for key in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # a hub that does not answer
+    began = time.monotonic()
+    assert main(["verify", "--model", "nobody/no-such-model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and time.monotonic() - began < 5
+    assert "'nobody/no-such-model' is not in the local Hugging Face cache and the hub (127.0.0.1) cannot" in err
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        (dict(num_attention_heads=5, num_key_value_heads=5, head_dim=None), "hidden_size 64 is not a multiple of "),
+        (dict(num_key_value_heads=3), "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ],
+)
+def test_a_config_whose_attention_shapes_cannot_work_is_refused_before_loading(tmp_path, shape, message):
+    from conftest import tiny_llama_config
+
+    from bcr_core.engine.backbone import Backbone
+
+    settings = {k: v for k, v in (tiny_llama_config().to_dict() | shape).items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    (tmp_path / "model.safetensors").write_bytes(b"never read")
+    with pytest.raises(models.ModelError, match=rf"{tmp_path}/config.json: {message}"):
+        models.load_pretrained(str(tmp_path))
+    with pytest.raises(models.ModelError, match=message):
+        Backbone.load(f"config:{tmp_path}")
+    if "head_dim" not in shape:  # a config built in Python (transformers itself refuses the other)
+        with pytest.raises(models.ModelError, match=rf"the llama config: {message}"):
+            Backbone.from_config(tiny_llama_config(**shape))
+
+
+@pytest.mark.parametrize(
+    "damage, load, message",
+    [
+        (lambda d: (d / "manifest.json").unlink(), "load_gsm8k", r"manifest.json is missing"),
+        (
+            lambda d: (d / "manifest.json").write_text((d / "manifest.json").read_text()[:300]),
+            "load_mmlu",
+            r"manifest.json is unreadable \(JSONDecodeError: .*\): restore it",
+        ),
+        (lambda d: (d / "gsm8k.jsonl").unlink(), "load_gsm8k", r"gsm8k.jsonl is missing: restore it"),
+        (lambda d: (d / "humaneval.jsonl.gz").unlink(), "load_humaneval", r"humaneval.jsonl.gz is missing: restore"),
+    ],
+)
+def test_missing_or_truncated_data_names_the_file(tmp_path, monkeypatch, capsys, damage, load, message):
+    for f in datasets.data_dir().iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    damage(tmp_path)
+    monkeypatch.setattr(datasets, "_package_data_dir", lambda: tmp_path)
+    with pytest.raises(AssetError, match=message):
+        getattr(datasets, load)()
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: None)
+    benchmark = {"load_gsm8k": "gsm8k", "load_mmlu": "mmlu", "load_humaneval": "humaneval"}[load]
+    argv = ["run", "--benchmark", benchmark, "--agents", "2", "--conditions", "dense", "--n", "1"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["ttft", "--lengths", "64,100000"],
+            r"--lengths 100000: a call is \d+ tokens .* context of 8192 .* fits is \d+",
+        ),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "2", "--max-new-tokens", "1000000000"],
+            r"--max-new-tokens 1000000000 does not fit the model's context of 8192 tokens",
+        ),
+    ],
+)
+def test_lengths_past_the_models_context_are_refused_before_any_work(
+    tiny_chat, tmp_path, capsys, monkeypatch, argv, message
+):
+    from bcr_core.experiments import latency
+
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
+    assert main([*argv, *(["--out", str(tmp_path / "r")] if argv[0] == "run" else [])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "r" / "cell.json").exists()
+
+
+def test_notebooks_out_that_is_a_file_and_smoke_given_as_a_parameter(tmp_path, monkeypatch, capsys):
+    from bcr_core.lab import notebooks
+
+    (tmp_path / "file").write_text("x")
+    assert main(["notebooks", "--only", "00", "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out" in err and "file cannot hold the reports: it is a file" in err
+    seen = []
+
+    def run_notebook(path, out, parameters, kernel):
+        seen.append(parameters["smoke"])
+        return notebooks.NotebookResult(path.stem, 0.0, str(out / path.name), None)
+
+    monkeypatch.setattr(notebooks, "run_notebook", run_notebook)
+    monkeypatch.setattr(notebooks, "kernel_name", lambda: "bcr-lab")
+    assert main(["notebooks", "--only", "00", "--out", str(tmp_path / "r"), "-p", "smoke=true"]) == 0
+    assert seen == [True]  # it was overwritten with smoke = False
+    assert main(["notebooks", "--only", "00", "--out", str(tmp_path / "r"), "--smoke", "-p", "smoke=false"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--smoke and -p smoke=false disagree; give one of them")

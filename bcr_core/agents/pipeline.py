@@ -52,6 +52,12 @@ class Pipeline:
     def __init__(self, bb, benchmark: str, n_agents: int = 3, max_new_tokens: int = 512, pinned: str | None = None):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        context = getattr(bb.config, "max_position_embeddings", None)
+        if isinstance(context, int) and max_new_tokens >= context:
+            raise ValueError(
+                f"--max-new-tokens {max_new_tokens} does not fit the model's context of {context} tokens "
+                "(config max_position_embeddings), which also holds the prompt; give fewer"
+            )
         self.bb = bb
         self.benchmark = benchmark
         self.templates = full_connected(benchmark, n_agents, pinned)

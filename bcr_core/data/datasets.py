@@ -60,7 +60,7 @@ def data_dir() -> Path:
     """The committed `data/` folder next to the `bcr_core/` package."""
     path = _package_data_dir()
     if not (path / MANIFEST).is_file():
-        raise FileNotFoundError(
+        raise AssetError(
             f"committed data not found: {path / MANIFEST} is missing. bcr_core must be used from "
             "a checkout (bcr_core/ next to data/); to recreate the files run "
             f"`python -m bcr_core.data.datasets rebuild --data-dir {path}`."
@@ -90,8 +90,15 @@ def source_member(source: WheelAsset) -> Path:
 def read_manifest(directory: Path) -> dict[str, Any]:
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run `python -m bcr_core.data.datasets rebuild --update-manifest`")
-    return json.loads(path.read_text(encoding="utf-8"))
+        raise AssetError(f"{path} not found: run `python -m bcr_core.data.datasets rebuild --update-manifest`")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        manifest = f"unreadable ({err.__class__.__name__}: {str(err).splitlines()[0]})"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        shown = manifest if isinstance(manifest, str) else "without a 'files' table"
+        raise AssetError(f"{path} is {shown}: restore it with `git checkout -- {path}`")
+    return manifest
 
 
 def _source_fields(source: WheelAsset) -> dict[str, str]:
@@ -249,6 +256,11 @@ def _committed(filename: str) -> bytes:
     """A committed data file's bytes, checked against the manifest's sha256 (a changed answer would
     otherwise be scored silently)."""
     path = data_dir() / filename
+    if not path.is_file():
+        raise AssetError(
+            f"{path} is missing: restore it with `git checkout -- {path.name}` or "
+            "`python -m bcr_core.data.datasets rebuild`"
+        )
     raw = path.read_bytes()
     expected = read_manifest(data_dir())["files"].get(filename, {}).get("sha256")
     if expected is None or hashlib.sha256(raw).hexdigest() != expected:

@@ -18,9 +18,12 @@ A model is named by one string:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -243,6 +246,8 @@ def convert_gguf(gguf: Path, target: Path) -> None:
 
 def resolve(model: str | None) -> str:
     """The directory or hub id that `from_pretrained` should read for a model name."""
+    if model is not None and not model.strip():
+        raise ModelError("--model is empty: give 'default', a local Hugging Face directory, or a hub id")
     name = (model or DEFAULT_MODEL).strip()
     if name.lower() in DEFAULT_ALIASES:
         return str(embedded_model_dir())
@@ -261,7 +266,57 @@ def resolve(model: str | None) -> str:
             f"unknown model {name!r}: not a directory with a config.json, not a hub id of the form org/name, "
             f"and not one of the fetched models' names {sorted(DEFAULT_ALIASES | GEMMA_ALIASES)}"
         )
+    check_hub(name)
     return name
+
+
+def check_hub(repo_id: str, timeout_s: float = 3.0) -> None:
+    """A hub id must be in the local Hugging Face cache, or the hub must answer within `timeout_s`
+    (else transformers waits out its retries); behind a proxy, or offline by choice, Hugging Face decides."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE") or any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy")):
+        return
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        reason = "no answer" if isinstance(err, TimeoutError) else err.strerror or type(err).__name__
+        raise ModelError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and the hub ({endpoint.hostname}) "
+            f"cannot be reached ({reason} within {timeout_s:g} s); download it where there is a network, "
+            "or give a local directory"
+        ) from None
+
+
+def check_shapes(settings: dict, where: str) -> None:
+    """Refuse, before any weights load, attention shapes no model can have (naming the fields)."""
+    hidden, heads = settings.get("hidden_size"), settings.get("num_attention_heads")
+    kv = settings.get("num_key_value_heads") or heads
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, heads, kv)):
+        return  # not a decoder config this check reads; transformers and check_architecture decide
+    if settings.get("head_dim") is None and hidden % heads:
+        raise ModelError(
+            f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} and no head_dim "
+            "is given; set head_dim, or make hidden_size a multiple of the heads"
+        )
+    if heads % kv:
+        raise ModelError(
+            f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}; each "
+            "key/value head must serve a whole group of query heads"
+        )
+
+
+def raw_config(path: Path) -> dict:
+    """A config.json as written (before transformers fills or validates anything); {} if unreadable."""
+    try:
+        settings = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def config_only(name: str):
@@ -280,6 +335,7 @@ def config_only(name: str):
             f"config-only model {name!r}: {spec!r} is neither a config.json, a model directory, "
             f"nor a named shape ({', '.join(sorted(CONFIG_SHAPES))})"
         )
+    check_shapes(raw_config(path), str(path))
     try:
         return AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError) as err:
@@ -312,6 +368,11 @@ def check_architecture(config) -> None:
             f"{kind} with attn_logit_softcapping is not supported: the repair and draft attention "
             "kernels do not cap logits; set it to null"
         )
+    check_shapes(
+        {k: getattr(config, k, None) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
+        | {"head_dim": getattr(config, "head_dim", None) or 0},  # a built config has its head_dim
+        f"the {kind} config",
+    )
     if getattr(config, "use_bidirectional_attention", False):
         raise ModelError(f"{kind} with use_bidirectional_attention is an encoder, not a causal decoder: not supported")
 
@@ -322,6 +383,7 @@ def load_pretrained(model: str | None, device: str | None = None, dtype: torch.d
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     source = resolve(model)
+    check_shapes(raw_config(Path(source) / "config.json"), f"{source}/config.json")
     try:
         config = AutoConfig.from_pretrained(source)
     except OSError as err:

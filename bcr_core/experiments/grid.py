@@ -30,8 +30,9 @@ from bcr_core.agents.graph import full_connected
 from bcr_core.data.benchmarks import NAMES as BENCHMARKS
 from bcr_core.engine.models import CONFIG_PREFIX, DEFAULT_MODEL
 from bcr_core.experiments.conditions import parse, split_conditions
-from bcr_core.experiments.runner import Cell, check_folder, make_cell, read_jsonl, run_cell
+from bcr_core.experiments.runner import Cell, check_folder, make_cell, read_items, run_cell
 from bcr_core.experiments.summary import summarize
+from bcr_core.paths import utf8_text
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
 
@@ -94,7 +95,7 @@ def read_grid(path: Path, model: str = DEFAULT_MODEL) -> list[GridCell]:
     names none (`bcr grid --model`). Raises GridError naming the file and the key."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(utf8_text(path, "a grid file in TOML"))
     except OSError as err:
         raise GridError(f"{path}: cannot read the grid file: {err.strerror or err}") from None
     except tomllib.TOMLDecodeError as err:
@@ -232,8 +233,8 @@ def absolute_model(model: str) -> str:
 
 def items_done(grid_cell: GridCell, out: Path) -> int:
     """Item records of the cell's conditions in DIR/NAME (read from disk, nothing kept)."""
-    records = read_jsonl(Path(out) / grid_cell.name / "items.jsonl")
-    return len({(r["condition"], r["item_id"]) for r in records if r["condition"] in grid_cell.cell.conditions})
+    records = read_items(Path(out) / grid_cell.name / "items.jsonl", grid_cell.cell.conditions)
+    return len({(r["condition"], r["item_id"]) for r in records})
 
 
 def is_finished(grid_cell: GridCell, out: Path) -> bool:
@@ -256,11 +257,10 @@ def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
     rows per call, and the paired split against the reference with its exact p."""
     tables = []
     for g in grid:
-        records = read_jsonl(Path(out) / g.name / "items.jsonl")
+        records = read_items(Path(out) / g.name / "items.jsonl", g.cell.conditions)
         if not records:
             continue
         items = pd.DataFrame(records)
-        items = items[items["condition"].isin(g.cell.conditions)]
         summary = summarize(items.sort_values("index", kind="stable"), reference=g.cell.reference)
         summary.insert(0, "finished", len(items.drop_duplicates(["condition", "item_id"])) == g.items)
         summary.insert(0, "cell", g.name)
@@ -314,9 +314,10 @@ def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
     for g in grid:
         try:
             check_folder(Path(out) / g.name, g.cell)
+            finished = is_finished(g, out)  # its records are read, and checked, here
         except ValueError as err:
             raise GridError(f"cell {g.name}: {err}") from None
-        if not is_finished(g, out):
+        if not finished:
             todo.append(g)
     return todo
 
@@ -352,7 +353,11 @@ def run_grid(
     grid: list[GridCell], out: Path, ray: str | None = None, progress: bool = True, quiet: bool = False
 ) -> list[str]:
     """Run every unfinished cell in this process (`ray` None) or on Ray (`ray` LOCAL or an address)."""
-    Path(out).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        reason = "it is a file" if Path(out).is_file() else err.strerror or err
+        raise GridError(f"--out {out} cannot hold a grid: {reason}; give a folder") from None
     if ray is None:
         return run_in_process(grid, out, progress=progress)
     from bcr_core.experiments.grid_ray import run_on_ray  # imports this module: loaded when asked for

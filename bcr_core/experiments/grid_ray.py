@@ -6,6 +6,7 @@ driver only watches DIR, so it holds no results, and a task that dies is reporte
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -45,12 +46,29 @@ def connect(ray, address: str, quiet: bool) -> None:
     if address == LOCAL:
         start_local(ray, **options)
         return
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "5")  # Ray's own wait for a cluster's answer, ~1 s a try
     try:
         ray.init(address=address, **options)
     except Exception as err:  # ConnectionError, or Ray's own for an address that is not a cluster
         raise GridError(
             f"--ray {address}: cannot join the Ray cluster: {one_line(err)}; start it with "
             "`ray start --head` (and `ray start --address HEAD:PORT` on the other nodes)"
+        ) from None
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse, within `timeout_s`, a HOST:PORT (or ray://HOST:PORT) nothing answers at: Ray itself
+    keeps retrying such an address for minutes. `auto` is Ray's to find, and fails fast."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        reason = "no answer" if isinstance(err, TimeoutError) else err.strerror or type(err).__name__
+        raise GridError(
+            f"--ray {address}: cannot reach the Ray cluster ({reason} within {timeout_s:g} s); start it "
+            "with `ray start --head` on that node, or check the address and port"
         ) from None
 
 
@@ -86,6 +104,8 @@ def run_on_ray(
     """Every unfinished cell as a Ray task; one line per cell start and end and a running count of
     items on stderr, read from DIR. A task that dies is reported and not retried here: the next
     invocation resubmits its cell, which resumes from its records. Returns the failed cells' names."""
+    if address != LOCAL:
+        check_reachable(address)  # before Ray's import, which alone can take seconds
     ray = import_ray()
     todo = check_folders(grid, out)
     out = Path(out).resolve()

@@ -61,6 +61,23 @@ def check_settings(lengths, samples: int) -> None:
         raise ValueError(f"--lengths are segment lengths in tokens, each at least 1; got {short}")
 
 
+def check_lengths(bb, lengths) -> None:
+    """Refuse, before any work, a length whose calls do not fit the model's context (one decoded
+    token after the template and the segment)."""
+    context = getattr(bb.config, "max_position_embeddings", None)
+    if not isinstance(context, int):
+        return
+    segment = symbol_segment(bb.tokenizer, 1, random.Random(0))
+    template = len(build_prompt(bb.tokenizer, copy_templates(1)[0], {QUESTION: segment}).dense_ids) - 1
+    for length in lengths:
+        if template + length + 1 > context:
+            raise ValueError(
+                f"--lengths {length}: a call is {template + length + 1} tokens with its template and one "
+                f"decoded token, more than the model's context of {context} (config max_position_embeddings); "
+                f"the longest length that fits is {context - template - 1}"
+            )
+
+
 def ttft_calls(
     bb,
     lengths=(64, 512, 2048, 4096),

@@ -9,6 +9,7 @@ anchor pool, BCR's coin stream) so the rest of the run continues exactly as it w
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections import OrderedDict
@@ -23,9 +24,9 @@ from tqdm.auto import tqdm
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
-from bcr_core.experiments.conditions import expand_seeds, make_server, parse
+from bcr_core.experiments.conditions import OPTIONS, REPAIRS, Condition, expand_seeds, make_server, parse
 from bcr_core.experiments.lanes import Unit, run_lanes
-from bcr_core.paths import written_whole
+from bcr_core.paths import utf8_text, written_whole
 from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
 
@@ -54,9 +55,23 @@ class Cell:
                     f"conditions {seen[c.settings]} and {c.label} repeat one run (the same settings); list it once"
                 )
             seen[c.settings] = c.label
+        for c in parsed:
+            check_value(c)
         object.__setattr__(self, "conditions", tuple(c.label for c in parsed))
         if self.reference is not None and parse(self.reference).settings not in seen:
             raise ValueError(f"--reference {self.reference} is not among the conditions: {', '.join(self.conditions)}")
+
+
+def check_value(c: Condition) -> None:
+    """Refuse a condition value no server can take, naming it (before any folder is touched)."""
+    if c.name == "cacheblend-reuse" and c.value is not None and not 0.0 <= c.value <= 1.0:
+        raise ValueError(f"condition {c.label}: r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
+    if c.name in REPAIRS and c.value is not None and not 0.0 <= c.value <= 1.0:
+        raise ValueError(f"condition {c.label}: rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
+    if "seed" in OPTIONS[c.name] and c.option("seed") < 0:
+        raise ValueError(
+            f"condition {c.label}: option seed is a coin stream's seed, at least 0; got {c.option('seed')}"
+        )
 
 
 def make_cell(
@@ -93,6 +108,10 @@ def make_cell(
     )
 
 
+class Interrupted(KeyboardInterrupt):
+    """^C during a run: its message says how many item records this run wrote, and how to resume."""
+
+
 class SharedReference(DenseServer):
     """The `--fidelity` reference: Dense on a call's prompt, served once per distinct prompt and
     shared by every condition whose call has that prompt (agent 1's always does; later agents' do
@@ -114,10 +133,12 @@ class SharedReference(DenseServer):
 
 class RunFiles:
     """The run's folder: settings, the two append-only record files, and a lock that keeps a second
-    process from writing the same folder (a lock left by a killed run is recognised and taken over)."""
+    process from writing the same folder (a lock left by a killed run is recognised and taken over).
+    The settings are written by `settle`, once every condition's server has been built, so a
+    condition refused while building leaves no `cell.json` behind to refuse the corrected command."""
 
     def __init__(self, out: Path, cell: Cell):
-        self.out = Path(out)
+        self.out, self.cell = Path(out), cell
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             probe = self.out / ".writable"
@@ -129,9 +150,11 @@ class RunFiles:
         check_folder(self.out, cell)
         self.lock = self.out / ".lock"
         self.take_lock()
+
+    def settle(self) -> None:
         settings = self.out / "cell.json"
         if not settings.exists():
-            settings.write_text(json.dumps(identity(asdict(cell)), indent=2))
+            settings.write_text(json.dumps(identity(asdict(self.cell)), indent=2))
 
     def take_lock(self) -> None:
         for _ in range(2):
@@ -155,21 +178,137 @@ class RunFiles:
         if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
             self.lock.unlink()
 
-    def finished(self) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
-        """Complete item records and their calls; a torn last line or orphan calls are dropped."""
-        items = {(r["condition"], r["item_id"]): r for r in read_jsonl(self.items_path)}
+    def finished(
+        self, item_ids: list[str], nodes: list[str], stateful: set[str] = frozenset()
+    ) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
+        """The finished items and their calls, keyed by (condition, item id).
+
+        `append` writes an item's calls (synced) before its item line, so a crash can leave only a
+        torn last line or the calls of items without an item line at the end of `calls.jsonl`:
+        those are dropped and redone. Any other damage cannot come from a crash, and trusting or
+        dropping it could change the rest of the run, so it stops the run naming file, line and
+        what is wrong, with nothing rewritten: a record of the wrong type or of a condition not in
+        `cell.json`, an item repeated or not this cell's, a call missing or repeated (also where
+        an item line survived its torn last call), orphan calls before finished ones, or a gap in a
+        stateful condition's items (its anchor pool and coin are built in item order)."""
+        item_rows, torn_items = numbered_jsonl(self.items_path)
+        call_rows, torn_calls = numbered_jsonl(self.calls_path)
+        items = self.checked_items(item_rows, item_ids)
         calls: dict[tuple[str, str], list[dict]] = {}
-        for c in read_jsonl(self.calls_path):
-            key = (c["condition"], c["item_id"])
+        orphan = None
+        for line, call in call_rows:
+            check_record(self.calls_path, line, call, CALL_FIELDS, self.cell.conditions)
+            key = (call["condition"], call["item_id"])
+            if key not in items:
+                orphan = orphan or (line, key)
+                continue
+            if orphan is not None:
+                raise damaged(
+                    self.calls_path,
+                    orphan[0],
+                    f"a call of {orphan[1]} has no item line, yet calls of finished items follow it",
+                )
+            calls.setdefault(key, []).append((line, call))
+        for key, (line, _) in items.items():
+            self.check_calls(key, line, calls.get(key, []), nodes)
+        check_order(self.items_path, items, item_ids, stateful)
+        kept_calls = [c for _, c in call_rows if (c["condition"], c["item_id"]) in items]
+        if torn_items or torn_calls or len(kept_calls) < len(call_rows):
+            rewrite_jsonl(self.items_path, [r for _, r in items.values()])
+            rewrite_jsonl(self.calls_path, kept_calls)
+        return {k: r for k, (_, r) in items.items()}, {k: [c for _, c in v] for k, v in calls.items()}
+
+    def checked_items(self, rows: list[tuple[int, dict]], item_ids: list[str]) -> dict[tuple[str, str], tuple]:
+        position = {item_id: i for i, item_id in enumerate(item_ids)}
+        items = {}
+        for line, row in rows:
+            check_record(self.items_path, line, row, ITEM_FIELDS, self.cell.conditions)
+            key = (row["condition"], row["item_id"])
+            if position.get(row["item_id"]) != row["index"]:
+                raise damaged(
+                    self.items_path,
+                    line,
+                    f"item {row['item_id']!r} at index {row['index']} is not one of this cell's items",
+                )
             if key in items:
-                calls.setdefault(key, []).append(c)
-        rewrite_jsonl(self.items_path, items.values())
-        rewrite_jsonl(self.calls_path, [c for key in items for c in calls.get(key, [])])
-        return items, calls
+                raise damaged(self.items_path, line, f"repeats the record of {key} on line {items[key][0]}")
+            items[key] = (line, row)
+        return items
+
+    def check_calls(self, key: tuple[str, str], line: int, calls: list[tuple[int, dict]], nodes: list[str]) -> None:
+        seen: dict[str, int] = {}
+        for call_line, call in calls:
+            if call["node"] in seen:
+                raise damaged(
+                    self.calls_path, call_line, f"repeats call {call['node']} of {key} (line {seen[call['node']]})"
+                )
+            seen[call["node"]] = call_line
+        if [c["node"] for _, c in calls] != [n for n in nodes if n in seen] or len(seen) != len(nodes):
+            missing = [n for n in nodes if n not in seen]
+            what = (
+                f"has no call {', '.join(missing)} in {self.calls_path.name}"
+                if missing
+                else f"has calls {list(seen)}, expected {nodes}"
+            )
+            raise damaged(
+                self.items_path, line, f"item {key} {what}; restore the calls, or delete the item's lines to redo it"
+            )
 
     def append(self, item: dict, calls: list[dict]) -> None:
-        append_jsonl(self.calls_path, calls)
-        append_jsonl(self.items_path, [item])
+        try:
+            append_jsonl(self.calls_path, calls)
+            append_jsonl(self.items_path, [item])
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise ValueError(
+                    f"{self.out}: the disk is full ({err.strerror}) while appending item {item['item_id']}; "
+                    "the finished records are intact: free space, then rerun the same command to resume"
+                ) from None
+            raise
+
+
+# The fields resuming reads, with their JSON types (a bool is not an int here).
+ITEM_FIELDS = {"condition": str, "item_id": str, "index": int, "correct": bool, "final_text": str}
+CALL_FIELDS = {"condition": str, "item_id": str, "node": str, "mode": str, "reason": str, "merged_ids": list}
+CALL_FIELDS |= {"segment_map": list, "decisions": list, "rows_recomputed": int}
+
+
+def check_record(path: Path, line: int, row: dict, fields: dict, conditions: tuple[str, ...]) -> None:
+    """A record's fields have their types and its condition is one of `conditions`."""
+    kind = "an item" if fields is ITEM_FIELDS else "a call"
+    for name, expected in fields.items():
+        if name not in row:
+            raise damaged(path, line, f"not {kind} record: it has no {name!r}")
+        if type(row[name]) is not expected:
+            raise damaged(path, line, f"{name} is {row[name]!r}, expected {expected.__name__}")
+    if row["condition"] not in conditions:
+        raise damaged(path, line, f"condition {row['condition']!r} is not among cell.json's: {', '.join(conditions)}")
+
+
+def read_items(path: Path, conditions: tuple[str, ...]) -> list[dict]:
+    """The item records at `path` (a torn last line dropped), each checked as `check_record` does."""
+    rows = numbered_jsonl(path)[0]
+    for line, row in rows:
+        check_record(path, line, row, ITEM_FIELDS, conditions)
+    return [row for _, row in rows]
+
+
+def damaged(path: Path, line: int, what: str) -> ValueError:
+    return ValueError(f"{path}, line {line}: {what}; nothing was changed on disk")
+
+
+def check_order(path: Path, items: dict, item_ids: list[str], stateful: set[str]) -> None:
+    """A stateful condition's finished items must be the first k: its state is built in item order."""
+    for condition in stateful:
+        done = sorted((row["index"], line) for (c, _), (line, row) in items.items() if c == condition)
+        for expected, (index, line) in enumerate(done):
+            if index != expected:
+                raise damaged(
+                    path,
+                    line,
+                    f"{condition} has item {index} but not item {expected} ({item_ids[expected]!r}); "
+                    "its state is built in item order, so delete its records from the gap on to redo them",
+                )
 
 
 def check_folder(out: Path, cell: Cell) -> None:
@@ -177,7 +316,7 @@ def check_folder(out: Path, cell: Cell) -> None:
     out = Path(out)
     settings = out / "cell.json"
     if settings.exists():
-        found = identity(json.loads(settings.read_text()))
+        found = identity(read_settings(settings))
         if found != json.loads(json.dumps(identity(asdict(cell)))):
             raise ValueError(f"{out} holds a run with other settings ({found}); use another --out or delete it")
     elif (out / "items.jsonl").exists() or (out / "calls.jsonl").exists():
@@ -185,6 +324,20 @@ def check_folder(out: Path, cell: Cell) -> None:
             f"{out} holds records but no cell.json, so their settings are unknown; "
             "use another --out, or delete the records"
         )
+
+
+def read_settings(path: Path) -> dict:
+    """A run's `cell.json`: a JSON object, else an error naming the file."""
+    try:
+        found = json.loads(utf8_text(path, "a run's settings as a JSON object"))
+    except json.JSONDecodeError:
+        found = "text that is not JSON"
+    if not isinstance(found, dict):
+        shown = found if isinstance(found, str) else f"a {type(found).__name__}"
+        raise ValueError(
+            f"{path} should hold a run's settings as a JSON object, but holds {shown}; restore it, or use another --out"
+        )
+    return found
 
 
 def identity(settings: dict) -> dict:
@@ -206,9 +359,14 @@ def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSONL file. Only a last line torn by a crash (no newline after it) is
     dropped, to be redone; any other unreadable line, a blank one included, is an error naming the
     file and line, and nothing is rewritten."""
+    return [row for _, row in numbered_jsonl(path)[0]]
+
+
+def numbered_jsonl(path: Path) -> tuple[list[tuple[int, dict]], bool]:
+    """`read_jsonl`'s records with their line numbers, and whether a torn last line was dropped."""
     if not path.exists():
-        return []
-    text = path.read_text()
+        return [], False
+    text = utf8_text(path, "records as JSON lines")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the file ends with a newline: no torn line
@@ -219,20 +377,21 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             row = None
         if isinstance(row, dict):
-            rows.append(row)
+            rows.append((number, row))
         elif number == len(lines) and not text.endswith("\n"):
-            break  # torn by a crash: redone
+            return rows, True  # torn by a crash: redone
         else:
             shown = "a blank line" if not line.strip() else repr(line[:60])
             raise ValueError(
                 f"{path}, line {number}: unreadable record ({shown}); only a torn last line is "
                 "redone. Restore or delete that line, then run again; nothing was changed on disk"
             )
-    return rows
+    return rows, False
 
 
 def rewrite_jsonl(path: Path, rows) -> None:
-    with written_whole(path) as partial:
+    """Replace the records at `path`, or at the file it links to (the link stays a link)."""
+    with written_whole(Path(path).resolve()) as partial:
         partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -294,12 +453,14 @@ def run_cell(
     then include waiting for the batch and exclude shared prefills; measure latency at batch size 1
     or with `bcr ttft`.
     """
-    files = RunFiles(out, cell)
+    files, written = RunFiles(out, cell), []
     try:
-        done, done_calls = files.finished()
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
         pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
         servers = {c: make_server(bb, c) for c in cell.conditions}
+        files.settle()
+        stateful = {c for c, server in servers.items() if not getattr(server, "stateless", False)}
+        done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
         share_segment_caches(bb, servers.values())
         reference = SharedReference(bb) if cell.fidelity else None
         if batch > 1:  # at batch size 1 every call pays its own prefill, so its TTFT stays a latency
@@ -335,13 +496,16 @@ def run_cell(
             files.append(
                 record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls]
             )
+            written.append(unit.key)
             bar.update(1)
             release_freed_memory()  # a long run's resident memory stays near what it holds
             if on_item is not None:
                 on_item()
 
-        run_lanes(bb, units, batch, may_start, finished)
-        bar.close()
+        with bar:  # closed on ^C too, so the message below starts its own line
+            run_lanes(bb, units, batch, may_start, finished)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
     finally:
         files.release()
     table = pd.DataFrame(read_jsonl(files.items_path))

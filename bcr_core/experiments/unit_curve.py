@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from bcr_core import paper
 from bcr_core.engine.kv import KV
+from bcr_core.paths import utf8_text
 from bcr_core.repair.layouts import best
 from bcr_core.repair.row_scores import group_scores, row_scores
 from bcr_core.reuse.anchors import KVCommConfig
@@ -50,6 +51,8 @@ class UnitCurveConfig:
             raise ValueError("the probe needs at least one random seed to compare informed choice with")
         if not 0.0 < self.budget <= 1.0:
             raise ValueError(f"the budget must lie in (0, 1], got {self.budget}")
+        if not self.units or len(set(self.units)) != len(self.units):
+            raise ValueError(f"units {list(self.units)}: give at least one unit, each once")
         too_long = [u for u in self.units if u < 1 or u > self.segment_tokens]
         if too_long:
             raise ValueError(f"units {too_long} do not fit a {self.segment_tokens}-token segment")
@@ -70,13 +73,11 @@ def read_prompts(path: Path) -> list[str]:
     """The `text` of every line of a JSONL file; a missing file, a folder or a bad line is an error
     naming the file (and the line)."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(
-            f"--prompts {path}: {'is a folder' if path.is_dir() else 'no such file'}; "
-            "give a JSONL file, one object with a 'text' field per line"
-        )
+    wanted = "give a JSONL file, one object with a 'text' field per line"
+    if path.is_dir() or not path.exists():
+        raise ValueError(f"--prompts {path}: {'is a folder' if path.is_dir() else 'no such file'}; {wanted}")
     texts = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(utf8_text(path, "JSON lines with a 'text' field").splitlines(), start=1):
         if line.strip():
             try:
                 row = json.loads(line)
@@ -85,6 +86,8 @@ def read_prompts(path: Path) -> list[str]:
             if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                 raise ValueError(f"{path}:{number}: each line must be a JSON object with a 'text' field")
             texts.append(row["text"])
+    if not texts:
+        raise ValueError(f"--prompts {path} holds no prompts; {wanted}")
     return texts
 
 

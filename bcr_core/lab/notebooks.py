@@ -60,6 +60,27 @@ def notebook_paths(only=None, folder: Path = NOTEBOOK_DIR) -> list[Path]:
     return paths
 
 
+def writable_folder(out: Path) -> Path:
+    """`out`, made if missing; a file or a folder this process cannot write is a NotebookError."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".writable").touch()
+        (out / ".writable").unlink()
+    except OSError as err:
+        reason = "it is a file" if out.is_file() else err.strerror or type(err).__name__
+        raise NotebookError(f"--out {out} cannot hold the reports: {reason}; give a writable folder") from None
+    return out
+
+
+def smoke_setting(flag: bool, given) -> bool:
+    """Smoke mode from `--smoke` and `-p smoke=...` together: either one turns it on; they may not disagree."""
+    if not isinstance(given, bool):
+        raise NotebookError(f"-p smoke={json.dumps(given)}: expected true or false")
+    if flag and not given:
+        raise NotebookError("--smoke and -p smoke=false disagree; give one of them")
+    return given
+
+
 def kernel_name() -> str:
     """The registered `bcr-lab` kernel (this environment's Python), or a NotebookError saying how
     to register it."""
@@ -190,19 +211,20 @@ def run_notebooks(
     parameters: dict | None = None,
     results_dir=None,
     folder: Path = NOTEBOOK_DIR,
-    log=sys.stderr,
+    log=None,
 ) -> list[NotebookResult]:
     """Execute the notebooks in order (all of them, or those named in `only`), each with `parameters`
     it declares, plus `smoke` and, in smoke mode, a results folder under `out` (unless
     `results_dir` is given). Writes `out/summary.json`; returns one result per notebook."""
-    out = Path(out).resolve()
+    log = log or sys.stderr  # looked up per call: a stream bound at import may since have been replaced and closed
+    out = writable_folder(Path(out).resolve())
     paths = notebook_paths(only, folder)
     parameters = dict(parameters or {})
     known = set().union(*(declared_parameters(p) for p in paths))
     unknown = sorted(set(parameters) - known)
     if unknown:
         raise NotebookError(f"no notebook declares parameter(s) {unknown}; they declare {', '.join(sorted(known))}")
-    parameters["smoke"] = smoke
+    parameters["smoke"] = smoke = smoke_setting(smoke, parameters.get("smoke", smoke))
     if results_dir is not None or smoke:
         parameters["results_dir"] = str(Path(results_dir).resolve() if results_dir is not None else out / "runs")
     kernel = kernel_name()
