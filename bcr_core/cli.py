@@ -28,7 +28,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help="'default' (embedded SmolLM2-135M-Instruct), a local HF directory, or a hub id",
+        help="'default' (embedded SmolLM2-135M-Instruct), 'gemma-3-270m' (Gemma 3 270M base, fetched on first use; "
+        "Gemma terms apply), a local HF directory, or a hub id",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
@@ -204,7 +205,7 @@ def cmd_explore(args) -> int:
     app.check_port(args.port)
     with tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:
         prepared = app.explorer_notebook(parameters, Path(folder), results=args.results)
-        url = f"http://localhost:{args.port}/"
+        url = f"http://{app.HOST}:{args.port}/"
         source = (
             f"reads {prepared.saved}"
             if prepared.saved
@@ -215,7 +216,7 @@ def cmd_explore(args) -> int:
             print(json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"ok: {source}")
             return 0
         try:
-            server = app.start(prepared.notebook, args.port)
+            server = app.start(prepared.notebook, args.port, explicit=prepared.explicit)
         except RuntimeError as err:
             raise ValueError(f"voila did not start: {err}") from None
         print(

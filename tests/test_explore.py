@@ -3,6 +3,7 @@ views; the committed one matches notebook 09's defaults; bad arguments are one-l
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -111,12 +112,44 @@ def test_explore_check_says_what_it_reads(capsys):
         (["-p", "n"], "-p takes NAME=VALUE, got 'n'"),
         (["--port", "70000"], "--port must be in 1-65535, got 70000"),
         (["--results", "/nonexistent/folder"], "--results /nonexistent/folder is not a folder"),
+        (["-p", "n=2"], "parameter 'n' is 2, but KVComm serves no call from an assembled cache until two earlier"),
     ],
 )
 def test_explore_bad_arguments_are_one_line_errors(args, message, capsys):
     assert main(["explore", "--check", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bcr explore: error: ") and message in err, err
+
+
+def test_explore_keeps_an_explicit_parameter_over_the_smoke_settings(capsys):
+    """`-p smoke=true -p n=5`: smoke mode's n = 4 must not replace the n the user set."""
+    assert main(["explore", "--check", "--port", str(app.free_port()), "-p", "smoke=true", "-p", "n=5"]) == 0
+    assert "serves 5 requests with the model first" in capsys.readouterr().out
+    assert app.voila_environment(("n", "smoke"))["BCR_EXPLICIT_PARAMETERS"] == "n,smoke"  # and so does the app
+
+
+def test_explore_refuses_a_truncated_saved_inspection(tmp_path, capsys):
+    saved = next(app.SAVED.glob("*.pt"))
+    (tmp_path / saved.name).write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    assert main(["explore", "--check", "--port", str(app.free_port()), "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is truncated or damaged" in err and saved.name in err, err
+
+
+def test_explore_sees_a_port_held_on_the_ipv6_loopback(capsys):
+    try:
+        busy = socket.socket(socket.AF_INET6)
+        busy.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    with busy:
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert not app.port_free(port)
+        assert main(["explore", "--check", "--port", str(port)]) == 2
+    assert "is in use; pick another with --port" in capsys.readouterr().err
+    assert main(["explore", "--check", "--json", "--port", str(app.free_port())]) == 0
+    assert json.loads(capsys.readouterr().out)["url"].startswith("http://127.0.0.1:")  # where Voila listens
 
 
 def test_explore_on_a_busy_port_is_a_one_line_error(capsys):

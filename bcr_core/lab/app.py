@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import errno
 import os
 import socket
 import subprocess
@@ -37,6 +38,7 @@ class Prepared:
     notebook: Path  # the parameterised copy Voila serves
     parameters: dict  # every parameter of notebook 09, checked
     saved: Path | None  # the saved inspection it will read, or None: it serves the requests first
+    explicit: tuple[str, ...] = ()  # the parameters the user set, which smoke settings leave alone
 
 
 def explorer_notebook(parameters: dict, folder: Path, results: Path = SAVED, results_dir: Path = FRESH) -> Prepared:
@@ -62,38 +64,72 @@ def explorer_notebook(parameters: dict, folder: Path, results: Path = SAVED, res
         raise ValueError(f"--results {results} is not a folder")
     defaults = {k: ast.literal_eval(v["default"]) for k, v in declared.items()}  # the parameters cell's literals
     values = defaults | parameters | {"results": str(results), "results_dir": str(Path(results_dir).resolve())}
+    explicit = tuple(sorted(parameters))
     try:
-        checked = params.check(**values).smoke().as_dict()  # what the notebook will use
+        with explicit_parameters(explicit):
+            checked = params.check(**values).smoke()  # what the notebook will use
+        checked = checked.at_least("n", inspection.MIN_REQUESTS, inspection.WHY_MIN_REQUESTS).as_dict()
     except params.ParameterError as err:
         raise ValueError(str(err)) from None
     notebook = parameterize_notebook(load_notebook_node(str(NOTEBOOK)), values)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / NOTEBOOK.name
     nbformat.write(notebook, target)
-    return Prepared(target, checked, inspection.find(checked, [results, Path(results_dir) / "explorer"]))
+    saved = inspection.find(checked, [results, Path(results_dir) / "explorer"])
+    return Prepared(target, checked, saved, explicit)
+
+
+@contextlib.contextmanager
+def explicit_parameters(names: tuple[str, ...]):
+    """Tell `Params.smoke`, here, which parameters the user set (it leaves those alone)."""
+    from bcr_core.lab.params import EXPLICIT
+
+    before = os.environ.get(EXPLICIT)
+    os.environ[EXPLICIT] = ",".join(names)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[EXPLICIT]
+        else:
+            os.environ[EXPLICIT] = before
+
+
+HOST = "127.0.0.1"  # where Voila listens, and the URL printed: "localhost" may resolve to [::1] first
 
 
 def port_free(port: int) -> bool:
-    with socket.socket() as s:
+    """Nothing holds `port` on either loopback (a browser given "localhost" may try [::1] first)."""
+    for family, address in ((socket.AF_INET, HOST), (socket.AF_INET6, "::1")):
         try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
+            s = socket.socket(family)
+        except OSError:  # no IPv6 on this machine: nothing can hold [::1]
+            continue
+        with s:
+            try:
+                s.bind((address, port))
+            except OSError as err:
+                if family == socket.AF_INET6 and err.errno == errno.EADDRNOTAVAIL:
+                    continue  # no ::1 configured
+                return False
     return True
 
 
 def free_port() -> int:
-    """A localhost port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A localhost port nobody listens on now, on either loopback."""
+    while True:
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port_free(port):
+            return port
 
 
 def check_port(port: int) -> None:
     if not 1 <= port <= 65535:
         raise ValueError(f"--port must be in 1-65535, got {port}")
     if not port_free(port):
-        raise ValueError(f"port {port} on localhost is in use; pick another with --port")
+        raise ValueError(f"port {port} on localhost (127.0.0.1 or [::1]) is in use; pick another with --port")
 
 
 def voila_command(notebook: Path, port: int) -> list[str]:
@@ -105,7 +141,7 @@ def voila_command(notebook: Path, port: int) -> list[str]:
         str(notebook),
         "--no-browser",
         f"--port={port}",
-        "--Voila.ip=127.0.0.1",
+        f"--Voila.ip={HOST}",
         "--Voila.port_retries=0",
         "--VoilaConfiguration.strip_sources=True",
         "--VoilaConfiguration.show_tracebacks=True",
@@ -114,10 +150,13 @@ def voila_command(notebook: Path, port: int) -> list[str]:
     ]
 
 
-def voila_environment() -> dict:
-    """This environment, with the lab's Voila template on JUPYTER_PATH, telling the notebook it is the app."""
+def voila_environment(explicit: tuple[str, ...] = ()) -> dict:
+    """This environment, with the lab's Voila template on JUPYTER_PATH, telling the notebook it is the app
+    and which parameters the user set (so its smoke settings leave them alone)."""
+    from bcr_core.lab.params import EXPLICIT
+
     paths = [str(TEMPLATES.parent), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
-    return os.environ | {"JUPYTER_PATH": os.pathsep.join(paths), APP: "1"}
+    return os.environ | {"JUPYTER_PATH": os.pathsep.join(paths), APP: "1", EXPLICIT: ",".join(explicit)}
 
 
 def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -126,13 +165,13 @@ def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited with code {process.returncode} before listening on port {port}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
             return
         time.sleep(0.2)
     raise RuntimeError(f"nothing listens on port {port} after {timeout:.0f} s")
 
 
-def start(notebook: Path, port: int, log=None) -> subprocess.Popen:
+def start(notebook: Path, port: int, log=None, explicit: tuple[str, ...] = ()) -> subprocess.Popen:
     """Voila serving `notebook` on localhost:`port`, running once it listens (stop it with `stop`)."""
     try:
         import voila  # noqa: F401
@@ -141,7 +180,10 @@ def start(notebook: Path, port: int, log=None) -> subprocess.Popen:
             f"voila is not installed in this environment; `{sys.executable} -m pip install voila`"
         ) from None
     process = subprocess.Popen(
-        voila_command(notebook, port), stdout=log, stderr=subprocess.STDOUT if log else None, env=voila_environment()
+        voila_command(notebook, port),
+        stdout=log,
+        stderr=subprocess.STDOUT if log else None,
+        env=voila_environment(explicit),
     )
     try:
         wait_listening(port, process)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,10 @@ from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.repair.row_scores import row_scores
 from bcr_core.reuse.calls import CallRecord, Server, Trace
 from bcr_core.reuse.servers import DenseServer
+
+# the fewest requests an inspection is worth making of (notebook 09 and `bcr explore` refuse fewer)
+MIN_REQUESTS = 3
+WHY_MIN_REQUESTS = "KVComm serves no call from an assembled cache until two earlier items have filled its anchor pool"
 
 
 @dataclass
@@ -360,4 +365,10 @@ def find(parameters: dict, folders) -> Path | None:
     """The first of `folders` holding a saved inspection with these settings (by file name; `load`
     with the same parameters checks them), else None."""
     name = file_name(parameters)
-    return next((Path(f) / name for f in folders if (Path(f) / name).is_file()), None)
+    found = next((Path(f) / name for f in folders if (Path(f) / name).is_file()), None)
+    if found is not None and not zipfile.is_zipfile(found):  # torch.save writes a zip, its index last
+        raise ValueError(
+            f"{found} is truncated or damaged (not a complete saved inspection); delete it and the requests "
+            "are served with the model again"
+        )
+    return found

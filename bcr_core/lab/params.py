@@ -225,6 +225,7 @@ SCHEMA: dict[str, Kind] = {
     "smoke": Bool(),
 }
 
+EXPLICIT = "BCR_EXPLICIT_PARAMETERS"  # the parameters a user set by name, which smoke settings leave alone
 # The CI-sized settings `Params.smoke` applies (to the names a notebook has). The synthetic
 # task's seed 34 has short items first, so KVComm's anchor pool can serve calls from item 3 on.
 SMOKE: dict[str, Any] = {
@@ -291,11 +292,11 @@ class Params:
 
     def smoke(self, **overrides) -> Params:
         """With `smoke` set: the CI-sized settings (SMOKE, for the names this notebook has, then
-        `overrides`); otherwise unchanged. A value the user set explicitly (`bcr notebooks -p`,
-        passed on in BCR_EXPLICIT_PARAMETERS) is honoured, not overridden."""
+        `overrides`); otherwise unchanged. A value the user set explicitly (`bcr notebooks -p` or
+        `bcr explore -p`, passed on in EXPLICIT) is honoured, not overridden."""
         if not self._values.get("smoke"):
             return self
-        explicit = set(filter(None, os.environ.get("BCR_EXPLICIT_PARAMETERS", "").split(",")))
+        explicit = set(filter(None, os.environ.get(EXPLICIT, "").split(",")))
         changes = {
             k: v
             for k, v in ({k: v for k, v in SMOKE.items() if k in self._values} | overrides).items()
