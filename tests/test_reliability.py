@@ -695,6 +695,41 @@ def test_lengths_past_the_models_context_are_refused_before_any_work(
     assert not (tmp_path / "r" / "cell.json").exists()
 
 
+def test_a_cache_row_is_what_a_prefill_holds_per_row(tiny_chat):
+    from bcr_core.engine import capacity
+
+    kv = tiny_chat.prefill(list(range(5, 45)))
+    held = kv.keys.element_size() * (kv.keys.numel() + kv.values.numel()) / kv.length
+    assert capacity.row_bytes(tiny_chat.config, tiny_chat.dtype) == held
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ttft", "--lengths", "64,4000"], r"--lengths 4000: calls of \d+ cached rows need about .* GB is free on cpu"),
+        (
+            ["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "2", "--max-new-tokens", "4000"],
+            r"--max-new-tokens 4000: calls of 4000 cached rows need about .* GB is free on cpu; give fewer",
+        ),
+    ],
+)
+def test_caches_past_the_free_memory_are_refused_before_any_work(
+    tiny_chat, tmp_path, capsys, monkeypatch, argv, message
+):
+    """With 1 MB free (faked), calls within the context but whose caches cannot fit are refused."""
+    from bcr_core.engine import capacity
+    from bcr_core.experiments import latency
+
+    monkeypatch.setattr(capacity, "available_bytes", lambda device: 10**6)
+    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
+    assert main([*argv, *(["--out", str(tmp_path / "r")] if argv[0] == "run" else [])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    capacity.check_rows_fit(tiny_chat, 1, "--lengths 1")  # one row of the tiny model fits in 1 MB
+
+
 def test_notebooks_out_that_is_a_file_and_smoke_given_as_a_parameter(tmp_path, monkeypatch, capsys):
     from bcr_core.lab import notebooks
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bcr_core.agents.graph import FINAL, full_connected
+from bcr_core.engine.capacity import check_rows_fit
 from bcr_core.reuse.calls import CallRecord, drive
 from bcr_core.reuse.fidelity import call_fidelity
 from bcr_core.reuse.prompts import QUESTION, agent_placeholder, build_prompt
@@ -58,6 +59,7 @@ class Pipeline:
                 f"--max-new-tokens {max_new_tokens} does not fit the model's context of {context} tokens "
                 "(config max_position_embeddings), which also holds the prompt; give fewer"
             )
+        check_rows_fit(bb, max_new_tokens, f"--max-new-tokens {max_new_tokens}")
         self.bb = bb
         self.benchmark = benchmark
         self.templates = full_connected(benchmark, n_agents, pinned)

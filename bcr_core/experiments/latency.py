@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bcr_core.data.roles import COPY
+from bcr_core.engine.capacity import check_rows_fit
 from bcr_core.experiments.bound import Shape, call_passes, measure_rates
 from bcr_core.experiments.conditions import make_server
 from bcr_core.reuse.prompts import QUESTION, Template, build_prompt
@@ -63,19 +64,18 @@ def check_settings(lengths, samples: int) -> None:
 
 def check_lengths(bb, lengths) -> None:
     """Refuse, before any work, a length whose calls do not fit the model's context (one decoded
-    token after the template and the segment)."""
-    context = getattr(bb.config, "max_position_embeddings", None)
-    if not isinstance(context, int):
-        return
+    token after the template and the segment) or whose caches do not fit the free memory."""
     segment = symbol_segment(bb.tokenizer, 1, random.Random(0))
     template = len(build_prompt(bb.tokenizer, copy_templates(1)[0], {QUESTION: segment}).dense_ids) - 1
+    context = getattr(bb.config, "max_position_embeddings", None)
     for length in lengths:
-        if template + length + 1 > context:
+        if isinstance(context, int) and template + length + 1 > context:
             raise ValueError(
                 f"--lengths {length}: a call is {template + length + 1} tokens with its template and one "
                 f"decoded token, more than the model's context of {context} (config max_position_embeddings); "
                 f"the longest length that fits is {context - template - 1}"
             )
+        check_rows_fit(bb, template + length + 1, f"--lengths {length}")
 
 
 def ttft_calls(
