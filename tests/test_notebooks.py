@@ -15,7 +15,7 @@ import torch
 from bcr_core import lab
 from bcr_core.cli import main
 from bcr_core.experiments.runner import Cell, run_cell
-from bcr_core.lab import params
+from bcr_core.lab import inspection, params
 from bcr_core.lab.notebooks import (
     NotebookError,
     export_html,
@@ -293,7 +293,9 @@ def test_readable_tables_and_a_too_small_n_are_caught_up_front():
         params.check(n=2).at_least("n", 3, "the pool needs two items")
     for name in ("00_quickstart", "09_attention_explorer"):
         check = [c for c in nbformat.read(notebook_paths([name])[0], as_version=4).cells if c.cell_type == "code"][1]
-        assert re.search(r'at_least\(\s*"n",\s*3\b', check.source), name  # however the cell is formatted
+        minimum = re.search(r'at_least\(\s*"n",\s*(3\b|MIN_REQUESTS\b)', check.source)  # however formatted
+        assert minimum, name
+    assert inspection.MIN_REQUESTS == 3  # what 09 and `bcr explore` name
 
 
 # -- every notebook, headless -----------------------------------------------------------------------
