@@ -668,24 +668,39 @@ def test_missing_or_truncated_data_names_the_file(tmp_path, monkeypatch, capsys,
     assert len(err.splitlines()) == 1 and re.search(message, err), err
 
 
+RUN = ["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "2"]
+
+
 @pytest.mark.parametrize(
-    "argv, message",
+    "argv, free, message",
     [
         (
             ["ttft", "--lengths", "64,100000"],
+            None,
             r"--lengths 100000: a call is \d+ tokens .* context of 8192 .* fits is \d+",
         ),
         (
-            ["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "2", "--max-new-tokens", "1000000000"],
+            [*RUN, "--max-new-tokens", "1000000000"],
+            None,
             r"--max-new-tokens 1000000000 does not fit the model's context of 8192 tokens",
+        ),
+        # within the context, but with 1 MB free (faked) the calls' caches cannot fit
+        (["ttft", "--lengths", "64,4000"], 10**6, r"--lengths 4000: calls of \d+ cached rows need about .* GB is free"),
+        (
+            [*RUN, "--max-new-tokens", "4000"],
+            10**6,
+            r"--max-new-tokens 4000: calls of 4000 cached rows need about .* GB is free on cpu; give fewer",
         ),
     ],
 )
-def test_lengths_past_the_models_context_are_refused_before_any_work(
-    tiny_chat, tmp_path, capsys, monkeypatch, argv, message
+def test_calls_past_the_models_context_or_the_free_memory_are_refused_before_any_work(
+    tiny_chat, tmp_path, capsys, monkeypatch, argv, free, message
 ):
+    from bcr_core.engine import capacity
     from bcr_core.experiments import latency
 
+    if free is not None:
+        monkeypatch.setattr(capacity, "available_bytes", lambda device: free)
     monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
     monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
     monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
@@ -701,33 +716,7 @@ def test_a_cache_row_is_what_a_prefill_holds_per_row(tiny_chat):
     kv = tiny_chat.prefill(list(range(5, 45)))
     held = kv.keys.element_size() * (kv.keys.numel() + kv.values.numel()) / kv.length
     assert capacity.row_bytes(tiny_chat.config, tiny_chat.dtype) == held
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["ttft", "--lengths", "64,4000"], r"--lengths 4000: calls of \d+ cached rows need about .* GB is free on cpu"),
-        (
-            ["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "2", "--max-new-tokens", "4000"],
-            r"--max-new-tokens 4000: calls of 4000 cached rows need about .* GB is free on cpu; give fewer",
-        ),
-    ],
-)
-def test_caches_past_the_free_memory_are_refused_before_any_work(
-    tiny_chat, tmp_path, capsys, monkeypatch, argv, message
-):
-    """With 1 MB free (faked), calls within the context but whose caches cannot fit are refused."""
-    from bcr_core.engine import capacity
-    from bcr_core.experiments import latency
-
-    monkeypatch.setattr(capacity, "available_bytes", lambda device: 10**6)
-    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
-    monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
-    monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
-    assert main([*argv, *(["--out", str(tmp_path / "r")] if argv[0] == "run" else [])]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and re.search(message, err), err
-    capacity.check_rows_fit(tiny_chat, 1, "--lengths 1")  # one row of the tiny model fits in 1 MB
+    capacity.check_rows_fit(tiny_chat, 1, "--lengths 1")  # and one such row fits in the free memory here
 
 
 def test_notebooks_out_that_is_a_file_and_smoke_given_as_a_parameter(tmp_path, monkeypatch, capsys):
