@@ -86,20 +86,15 @@ def coin_claim(items, calls, claim, paper, measure, draft, coins, nominal: list[
     table = paired(items, measure, draft, *coins).astype(float)
     mean_coin = table[coins].mean(axis=1)
     gain = (mean_coin - table[draft]) if measure == "kl_mean" else (table[draft] - mean_coin)
-    rates = None
-    if measure != "kl_mean":
-        rates = tuple(np.mean([((table[draft] == x) & (table[c] == 1 - x)).mean() for c in coins]) for x in (1, 0))
+    # per seed, the items only the draft gets and only the coin gets (binary outcomes)
+    splits = {c: inf.table_of(table[draft] == 1, table[c] == 1)[1:3] for c in coins} if measure != "kl_mean" else {}
+    rates = tuple(np.mean([split[k] for split in splits.values()]) / len(table) for k in (0, 1)) if splits else None
     test = f"draft vs the mean of {len(coins)} coin seeds per item, sign-flip over items"
     row = mean_claim(claim, paper, measure, test, gain, rates)
-    per_seed = []
-    for c in coins:
-        if measure == "kl_mean":
-            per_seed.append(f"seed {parse(c).option('seed')}: {table[c].mean():.4f}")
-        else:
-            per_seed.append(
-                f"seed {parse(c).option('seed')}: {int(((table[draft] == 1) & (table[c] == 0)).sum())}"
-                f"/{int(((table[draft] == 0) & (table[c] == 1)).sum())}"
-            )
+    per_seed = [
+        f"seed {parse(c).option('seed')}: " + (f"{splits[c][0]}/{splits[c][1]}" if splits else f"{table[c].mean():.4f}")
+        for c in coins
+    ]
     own = f"draft {table[draft].mean():.4f}" if measure == "kl_mean" else f"draft {100 * table[draft].mean():.1f}%"
     row.evidence = f"{own}; per seed (description): " + "; ".join(per_seed)
     row.rows = rows_text(calls, draft, coins[0], table.index)

@@ -208,10 +208,10 @@ def _repair(selector: Callable):
 
 def matched_budget(c: Condition) -> MatchedBudget | None:
     """The BCR rule a row-matched control takes its per-call row count from (`match=`)."""
-    paired = c.options.get("match", "none")
+    paired = c.options.get("match", "none")  # only the controls take the option
     if paired == "none":
         return None
-    return MatchedBudget(DraftSelector(), layout(REPAIR_LAYOUTS[paired], layout_config(c)), paired)
+    return MatchedBudget(DraftSelector(), layout(REPAIR_LAYOUTS[paired], layout_config(c)))
 
 
 def _coin(c: Condition) -> CoinSelector:

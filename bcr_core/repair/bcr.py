@@ -35,7 +35,6 @@ class MatchedBudget:
 
     selector: object
     layout: Layout
-    name: str
 
     def rows(self, bb, kv, ids, candidates, rho) -> int:
         ranking = self.selector.rank(bb, kv, ids[:-1], ids[-1], candidates)
