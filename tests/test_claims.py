@@ -254,3 +254,34 @@ def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
         old = wanted[(call["condition"], call["item_id"], call["node"])]
         where = (call["condition"], call["item_id"], call["node"])
         assert record_differences({k: call[k] for k in keys}, {k: old[k] for k in keys}) == [], where
+
+
+def test_a_claim_transfers_only_with_the_same_verdict_on_every_model_that_tested_it(tmp_path):
+    """The transfer table: each model's verdicts as they are (its own Holm family), "yes" where the
+    verdicts agree, "no" where they differ, "open" where a model has not measured the claim or has
+    no row for it; a folder's model is read from its runs' settings."""
+
+    def table(*rows):
+        return pd.DataFrame(
+            [
+                dict(claim=c, verdict=v, measure="kl_mean", effect=e, ci_lo=e - 0.01, ci_hi=e + 0.01, n=n)
+                for c, v, e, n in rows
+            ]
+        )
+
+    small = table(("a", "holds", 0.02, 200), ("b", "undecided", 0.0, 200), ("c", "holds", 0.01, 200))
+    other = table(("a", "holds", 0.03, 120), ("b", "does not hold", -0.02, 120), ("c", "not measured", 0.0, 0))
+    out = claims_report.transfer({"S": small, "G": other}).set_index("claim")
+    assert out["transfers"].to_dict() == {"a": "yes", "b": "no", "c": "open"}
+    assert out.loc["a", "G: n"] == 120 and out.loc["a", "G: effect"] == "+0.0300 [+0.0200, +0.0400]"
+    missing = claims_report.transfer({"S": small, "G": other[other["claim"] != "a"]}).set_index("claim")
+    assert missing.loc["a", "G: verdict"] == "not measured" and missing.loc["a", "transfers"] == "open"
+    text = claims_report.transfer_markdown(out.reset_index(), ["S", "G"])
+    assert "| b | **undecided** (+0.0000 [-0.0100, +0.0100], n = 200) | **does not hold**" in text
+    for run, model in (("x", "gemma-3-270m"), ("y", "gemma-3-270m")):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "cell.json").write_text(json.dumps({"model": model}))
+    assert claims_report.model_of(tmp_path) == "Gemma 3 270M"
+    (tmp_path / "y" / "cell.json").write_text(json.dumps({"model": "default"}))
+    with pytest.raises(ValueError, match="runs of 2 models"):
+        claims_report.model_of(tmp_path)

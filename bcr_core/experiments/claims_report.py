@@ -3,15 +3,18 @@
 `python -m bcr_core.experiments.claims_report results/claims` recomputes every verdict from the
 folder's records (on agreement with Dense, and again on accuracy), writes `verdicts.csv`,
 `verdicts_correct.csv` and `grid_table.csv` beside them, and prints the Markdown table and its
-list of tests that README shows.
+list of tests that README shows. Given two or more folders (one per model), each is its own Holm
+family, and the transfer table puts every claim's verdict on each model side by side.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from bcr_core.experiments import claims, claims_grid
@@ -111,8 +114,64 @@ def grid_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------- across models
+MODEL_NAMES = {"default": "SmolLM2-135M", "gemma-3-270m": "Gemma 3 270M"}
+NOT_TESTED = "not measured"
+
+
+def model_of(folder) -> str:
+    """The model a claims folder's runs were served by (every run of it must agree)."""
+    models = {json.loads(p.read_text()).get("model", "default") for p in sorted(Path(folder).rglob("cell.json"))}
+    if len(models) != 1:
+        raise ValueError(f"{folder}: runs of {len(models)} models ({', '.join(sorted(models))}); expected one")
+    (model,) = models
+    return MODEL_NAMES.get(model, model)
+
+
+def transfer(verdicts: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Every claim's verdict, effect and items per model (each table its own Holm family), and whether
+    the claim transfers: "yes" for the same verdict on every model, "no" for different ones, "open"
+    while any model has not measured it."""
+    claims_in_order = list(dict.fromkeys(c for table in verdicts.values() for c in table["claim"]))
+    rows = []
+    for claim in claims_in_order:
+        row = {"claim": claim}
+        for model, table in verdicts.items():
+            found = table[table["claim"] == claim]
+            mine = next(found.itertuples(), None)
+            row[f"{model}: verdict"] = NOT_TESTED if mine is None else mine.verdict
+            row[f"{model}: effect"] = "" if mine is None else effect_text(mine)
+            row[f"{model}: n"] = np.nan if mine is None else mine.n
+        shown = [row[f"{m}: verdict"] for m in verdicts]
+        row["transfers"] = "open" if NOT_TESTED in shown else ("yes" if len(set(shown)) == 1 else "no")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def transfer_markdown(table: pd.DataFrame, models: list[str]) -> str:
+    header = ["| claim | " + " | ".join(models) + " | transfers |", "| --- |" + " --- |" * (len(models) + 1)]
+    lines = []
+    for _, row in table.iterrows():
+        cells = []
+        for m in models:
+            n = "" if pd.isna(row[f"{m}: n"]) else f", n = {int(row[f'{m}: n'])}"
+            effect = f" ({row[f'{m}: effect']}{n})" if row[f"{m}: effect"] else ""
+            cells.append(f"**{row[f'{m}: verdict']}**{effect}")
+        lines.append(f"| {row['claim']} | " + " | ".join(cells) + f" | {row['transfers']} |")
+    return "\n".join(header + lines)
+
+
+def main(folders: list[str]) -> None:
+    verdicts = {}
+    for folder in folders:
+        print(write(folder))
+        print()
+        print(grid_markdown(pd.read_csv(Path(folder) / "grid_table.csv")))
+        print()
+        verdicts[model_of(folder)] = pd.read_csv(Path(folder) / "verdicts.csv")
+    if len(folders) > 1:
+        print(transfer_markdown(transfer(verdicts), list(verdicts)))
+
+
 if __name__ == "__main__":
-    folder = sys.argv[1] if len(sys.argv) > 1 else "results/claims"
-    print(write(folder))
-    print()
-    print(grid_markdown(pd.read_csv(Path(folder) / "grid_table.csv")))
+    main(sys.argv[1:] or ["results/claims"])
