@@ -179,6 +179,46 @@ def test_verdicts_on_known_records():
     assert table["p_holm"].dropna().tolist() == pytest.approx(inference.holm(ps.tolist()))
 
 
+def test_a_grid_with_only_row_matched_controls_reads_its_claims_on_them():
+    """A model's grid may run only the row-matched coin and CacheBlend (the Gemma grid does): the coin
+    and CacheBlend claims are read on them, and a tokenizer that splits some seam on every item leaves
+    the tokenization claim not measured rather than failing."""
+    n = 40
+    bcr, coin, blend = [True] * 30 + [False] * 10, [True] * 10 + [False] * 30, [True] * 30 + [False] * 10
+    coins = {f"coin-chunk:chunk=16,match=bcr-chunk,seed={s}": coin for s in range(3)}
+    items = records(
+        {
+            "dense": [True] * n,
+            "token-matched-dense": [True] * n,
+            "kvcomm": [True] * n,
+            "bcr-chunk:chunk=16": bcr,
+            **coins,
+            "cacheblend-cost:chunk=16,match=bcr-chunk": blend,
+        }
+    )
+    calls = pd.DataFrame(
+        [
+            {"condition": c, "item_id": str(i), "mode": "reuse", "rows_recomputed": 20, "cached_rows": 100}
+            | {"ids_match": c != "token-matched-dense" or call == 0, "node": f"agent_{call}"}
+            for c in items["condition"].unique()
+            for i in range(n)
+            for call in (0, 1)
+        ]
+    )
+    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16").set_index(
+        "claim"
+    )
+    coin_row = table.loc["draft beats coin at chunk granularity"]
+    assert coin_row["effect"] == pytest.approx(0.5) and coin_row["read_on"].startswith("row-matched coin")
+    blend_row = table.loc["BCR beats CacheBlend at matched cost"]
+    assert (
+        blend_row["test"].startswith("BCR-chunk vs cacheblend-cost:chunk=16,match=bcr-chunk:")
+        and blend_row["effect"] == 0
+    )
+    tokenization = table.loc["the tokenization term is separable"]
+    assert tokenization["verdict"] == "not measured" and "identical on 50% of calls" in tokenization["evidence"]
+
+
 def test_compact_results_drop_id_lists_and_load_back(tiny_chat, tmp_path):
     cell = Cell(
         "synthetic",

@@ -100,6 +100,8 @@ def coin_claim(items, calls, claim, paper, measure, draft, coins, nominal: list[
     row.rows = rows_text(calls, draft, coins[0], table.index)
     if nominal and nominal != coins:
         row.read_on = f"row-matched coin (the chunk-count coin: {rows_text(calls, draft, nominal[0], table.index)})"
+    elif not nominal:
+        row.read_on = "row-matched coin (no chunk-count coin recorded)"
     return row
 
 
@@ -157,8 +159,17 @@ def tokenization_claim(items, calls, dense, matched, kvcomm, measure) -> Verdict
     clean = set(own.assign(match=match.to_numpy()).groupby("item_id")["match"].all().loc[lambda s: s].index)
     table = paired(items, measure, dense, matched).astype(bool)
     table = table[table.index.isin(clean)]
-    counts = inf.table_of(table[dense], table[matched])
     n = len(table)
+    if n == 0:  # a tokenizer that splits every seam differently leaves no item to test it on
+        return Verdict(
+            "the tokenization term is separable",
+            "§4.3, Table 5a",
+            measure,
+            "Dense vs token-matched Dense where the ids coincide",
+            "not measured",
+            evidence=f"no item with ids alike on every call (identical on {100 * float(match.mean()):.0f}% of calls)",
+        )
+    counts = inf.table_of(table[dense], table[matched])
 
     def interval(level):
         return inf.paired_difference_ci(*counts, level=level)
@@ -298,12 +309,13 @@ def verdicts(
     for name in [bcr, f"{bcr},rank=predicted" if ":" in bcr else f"{bcr}:rank=predicted"]:
         name = find(conditions, name)
         nominal = coin_seeds(name, conditions)
-        if name not in conditions or not nominal:
+        coins = coin_seeds(name, conditions, parse(name).name) if name in conditions else []
+        if name not in conditions or not (nominal or coins):
             continue
-        coins = coin_seeds(name, conditions, parse(name).name)
-        ids = paired(items, measure, name, *nominal).index
-        if not coins or not rows_differ(calls, name, nominal[0], ids):
-            coins = nominal
+        if nominal and (
+            not coins or not rows_differ(calls, name, nominal[0], paired(items, measure, name, *nominal).index)
+        ):
+            coins = nominal  # the chunk-count coin already spends the draft's rows (or is all there is)
         suffix = "" if parse(name).option("rank") == "all" else " (ranking only predicted rows)"
         for value, tail in ((measure, ""), ("kl_mean", ", KL per item")):
             rows.append(
@@ -332,10 +344,13 @@ def verdicts(
                     "BCR-chunk vs KVComm",
                 )
             )
-    if cacheblend and have(bcr, cacheblend):
-        twin = row_matched(cacheblend, bcr, conditions)
-        ids = paired(items, measure, bcr, cacheblend).index
-        read = twin if twin and rows_differ(calls, bcr, cacheblend, ids) else cacheblend
+    twin = cacheblend and have(bcr) and row_matched(cacheblend, bcr, conditions)
+    if cacheblend and have(bcr) and (twin or have(cacheblend)):
+        if not have(cacheblend):  # only the row-matched CacheBlend recorded
+            read = twin
+        else:
+            ids = paired(items, measure, bcr, cacheblend).index
+            read = twin if twin and rows_differ(calls, bcr, cacheblend, ids) else cacheblend
         for value, tail in ((measure, ""), ("kl_mean", ", KL per item")):
             row = pair_claim(
                 items,
@@ -347,7 +362,9 @@ def verdicts(
                 read,
                 f"BCR-chunk vs {read}",
             )
-            if read != cacheblend:
+            if not have(cacheblend):
+                row.read_on = f"row-matched CacheBlend (no nominal {cacheblend} recorded)"
+            elif read != cacheblend:
                 row.read_on = f"row-matched CacheBlend (nominal {cacheblend}: {rows_text(calls, bcr, cacheblend, ids)})"
             rows.append(row)
     rows.append(exactness_claim(verify))

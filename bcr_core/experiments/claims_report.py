@@ -37,8 +37,14 @@ def compute(folder, grid: claims_grid.ClaimsGrid | None = None) -> dict[str, pd.
     return {
         "verdicts": claims.verdicts(data["items"], data["calls"], grid.bcr, measure="agrees_dense", **common),
         "verdicts_correct": claims.verdicts(data["items"], data["calls"], grid.bcr, measure="correct", **common),
-        "grid_table": claims_grid.grid_table(data["items"], data["calls"], grid.main() + grid.matched()),
+        "grid_table": claims_grid.grid_table(data["items"], data["calls"], recorded(data["items"], grid)),
     }
+
+
+def recorded(items: pd.DataFrame, grid: claims_grid.ClaimsGrid) -> list[str]:
+    """The grid's conditions this folder recorded (a grid still running, or run in part, has fewer)."""
+    labels = list(dict.fromkeys(items["condition"]))
+    return [c for c in grid.main() + grid.matched() if claims.find(labels, c) in labels]
 
 
 def write(folder) -> str:
