@@ -1,0 +1,122 @@
+"""One call of the arena: every selector ranks the same assembled cache, each repairs a copy at
+exactly the same number of rows, and each copy is measured against Dense on the same prompt.
+
+The budgets (`counts`): `paired`, the rows the run's own BCR-chunk repaired on this very call (0
+where its skip rule left the call unrepaired: every copy is then the unrepaired cache), and for
+each rho of the sweep round(rho x M) rows, M the cached rows (no skip rule: the sweep asks what a
+count of rows buys). A ranking becomes rows through the chunk layout's `exactly` (whole chunks best
+first, the last cut to the count); a row rule (`seams`, `window`) through the single layout's.
+Rankings are computed once per call and spent at every budget.
+
+Each copy gets one teacher-forced forward on Dense's continuation (`DenseReference`):
+`kl`, the mean over Dense's steps of KL(Dense || copy), exactly `fidelity.teacher_forced_kl`'s
+definition; `first_token_agree`; `identical`, the copy's argmax equal to Dense's token at every
+step (and, where Dense stopped before its token limit, a stop token at the step after), so the
+greedy continuation from the copy is Dense's; `rows` and `rows_wasted` (rows KVComm did not
+predict: the agent's exact prefix, where repair changes nothing). Per selector and call: its own
+cost, `passes` (model forwards) and `ms` (the oracles' include the exact prefill).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from bcr_core.arena.context import CallContext
+from bcr_core.arena.registry import Entry
+from bcr_core.repair.layouts import LayoutConfig, layout
+from bcr_core.reuse.calls import CallRecord
+from bcr_core.reuse.segments import predicted_rows
+
+PAIRED = "paired"
+
+
+def budget_label(rho: float) -> str:
+    return f"{rho:g}"
+
+
+def counts(paired_rows: int, m: int, rhos) -> dict[str, int]:
+    """Rows per budget on an M-row cache: the paired BCR-chunk count, then round(rho x M) per rho."""
+    return {PAIRED: paired_rows, **{budget_label(rho): round(rho * m) for rho in rhos}}
+
+
+class DenseReference:
+    """Dense's continuation of one call, teacher-forced once; `measure` scores a copy against it."""
+
+    def __init__(self, bb, dense: CallRecord, max_new_tokens: int):
+        if dense.served is None:
+            raise ValueError("the arena needs Dense's served cache for every call")
+        tokens = list(dense.output_tokens)
+        self.bb, self.tokens, self.steps = bb, tokens, max(len(tokens), 1)
+        self.stop = set(bb.stop_ids)
+        stopped = len(tokens) < max_new_tokens
+        self.fed = tokens + [bb.stop_ids[0]] if stopped or not tokens else tokens
+        self.checks_stop = stopped
+        self.log_p = bb.forced_logits(*dense.served, self.fed).log_softmax(-1)[: self.steps]
+
+    def measure(self, kv, last_id: int) -> dict:
+        logits = self.bb.forced_logits(kv, last_id, self.fed)
+        log_q = logits[: self.steps].log_softmax(-1)
+        kl = float((self.log_p.exp() * (self.log_p - log_q)).sum(-1).mean())
+        greedy = logits.argmax(-1).tolist()
+        n = len(self.tokens)
+        same = greedy[:n] == self.tokens and (not self.checks_stop or greedy[n] in self.stop)
+        first = greedy[0] == self.tokens[0] if self.tokens else greedy[0] in self.stop
+        return {"kl": kl, "first_token_agree": bool(first), "identical": bool(same)}
+
+
+@dataclass
+class ArenaCall:
+    """One assembled call: its cache, ids, segment map, the paired count and its place in the run."""
+
+    kv: object  # KV: the assembled cache, before any repair
+    ids: list[int]  # the reuse path's ids, the last one included
+    spans: list[dict]
+    paired_rows: int
+    key: tuple[int, ...] = ()
+
+
+def spend(entry: Entry, scores: torch.Tensor, candidates: torch.Tensor, rows: int, chunk: int) -> list[int]:
+    """The rows a ranking buys at `rows`: exactly that many (capped at the candidates), in the chunk
+    layout's unit for a ranking, one by one for a row rule."""
+    unit = layout("single" if entry.row_rule else "chunk", LayoutConfig(chunk=chunk))
+    chosen = unit.exactly(scores, min(rows, scores.numel()))
+    return sorted(int(candidates[j]) for j in chosen)
+
+
+def run_call(bb, call: ArenaCall, reference: DenseReference, entries: list[Entry], rhos, chunk: int) -> dict:
+    """Every selector on one call at every budget; returns {"entries": [...], "cost": {...}}."""
+    kv, ids, m = call.kv, call.ids, call.kv.length
+    predicted = set(predicted_rows(call.spans, m))
+    exact_ms, exact = timed(lambda: bb.prefill(ids[:-1])) if any(e.reads_exact for e in entries) else (0.0, None)
+    context = CallContext(call.spans, call.key, exact)
+    budgets = counts(call.paired_rows, m, rhos)
+    measured: dict[tuple[int, ...], dict] = {}  # copies with the same rows are measured once
+
+    def measure(rows: list[int]) -> dict:
+        key = tuple(rows)
+        if key not in measured:
+            copy = bb.repair(kv, ids[:-1], rows) if rows else kv
+            measured[key] = reference.measure(copy, ids[-1])
+        return measured[key]
+
+    out, cost = [], {}
+    for entry in entries:
+        candidates = entry.candidates(m, call.spans)
+        ms, ranking = timed(lambda entry=entry, c=candidates: entry.rank(bb, kv, ids[:-1], ids[-1], c, context))
+        cost[entry.label] = {"passes": entry.passes, "ms": ms + (exact_ms if entry.reads_exact else 0.0)}
+        for budget, count in budgets.items():
+            rows = spend(entry, ranking.scores.detach().cpu(), candidates, count, chunk) if count else []
+            wasted = sum(j not in predicted for j in rows)
+            out.append(
+                {"selector": entry.label, "budget": budget, "rows": len(rows), "rows_wasted": wasted} | measure(rows)
+            )
+    return {"cached_rows": m, "unrepaired": measure([]), "entries": out, "cost": cost}
+
+
+def timed(work):
+    started = time.perf_counter()
+    value = work()
+    return 1000 * (time.perf_counter() - started), value
