@@ -54,7 +54,7 @@ def make_arena_cell(
     rho: float = paper.RHO,
     chunk: int = 16,
     rhos=RHOS,
-    selectors: str = DEFAULT,
+    selectors: str | None = None,
     seeds: list[int] | None = None,
     benchmark: str = "synthetic",
     item_seed: int = 0,
@@ -68,7 +68,11 @@ def make_arena_cell(
         check_rho(r)
     if chunk < 1:
         raise ValueError(f"--chunk must be >= 1, got {chunk}")
-    labels = tuple(e.label for e in make_entries(selectors, chunk, seeds))
+    if gamma is not None and not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"--gamma is KVComm's entropy gate, in [0, 1]; got {gamma:g}")
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    labels = tuple(e.label for e in make_entries(DEFAULT if selectors is None else selectors, chunk, seeds))
     extra = {"seed": item_seed} if benchmark == "synthetic" else {}
     condition = f"bcr-chunk@{rho:g}:chunk={chunk}" + ("" if gamma is None else f",gamma={gamma:g}")
     return ArenaCell(
