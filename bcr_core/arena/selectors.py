@@ -123,18 +123,19 @@ class SeamsSelector:
 
 class WindowSelector:
     """`window` (arXiv 2609.17983, "Contiguity, Not Importance"): a contiguous window right after
-    each seam, every segment's window the same share of its length: row j of a segment [s, e)
-    scores -(j - s) / (e - s), so a count of R rows takes about R x len / P rows from the start of
-    each segment (P the predicted rows), the windows contiguous, ties to the earlier row; rows KVComm
-    did not predict only after every predicted row. Where `seams` gives every segment the same
-    number of rows, `window` gives every segment the same fraction."""
+    each seam, every segment's window the same share of its length. Row j of a segment [s, e)
+    scores -(j - s + 1/2) / (e - s), so the count is apportioned over the segments by their lengths
+    as Webster's (Sainte-Lague's) divisor method does: a segment of L rows gets about R x L / P of
+    R rows (P the predicted rows), each window contiguous from its seam, ties to the earlier row;
+    rows KVComm did not predict only after every predicted row. Where `seams` gives every segment
+    the same number of rows, `window` gives every segment the same fraction."""
 
     name, row_rule, passes = "window", True, 0
 
     def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
         scores = torch.full((kv.length,), EXACT_ROW, dtype=torch.float64)
         for start, stop in (context or CallContext([])).segments(kv.length):
-            scores[start:stop] = -torch.arange(stop - start, dtype=torch.float64) / (stop - start)
+            scores[start:stop] = -(torch.arange(stop - start, dtype=torch.float64) + 0.5) / (stop - start)
         return Ranking(candidate_scores(scores, rows))
 
 
