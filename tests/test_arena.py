@@ -8,6 +8,7 @@ import json
 import math
 from types import SimpleNamespace
 
+import nbformat
 import pytest
 import torch
 
@@ -298,3 +299,14 @@ def test_records_are_json_and_settings_are_the_folders_identity(tiny_chat, tmp_p
     other = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="window")
     with pytest.raises(ValueError, match="holds a run with other settings"):
         run_arena(tiny_chat, other, tmp_path, progress=False)
+
+
+@pytest.mark.notebooks
+@pytest.mark.real_model
+def test_notebook_11_runs_headless_in_smoke_mode(tmp_path):
+    out = tmp_path / "reports"
+    assert main(["notebooks", "--smoke", "--only", "11", "--out", str(out)]) == 0
+    nb = nbformat.read(out / "11_arena.ipynb", as_version=4)
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert "checks passed" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert "Plotly.newPlot" in (out / "11_arena.html").read_text()

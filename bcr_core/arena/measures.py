@@ -174,3 +174,15 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
         row.p_holm = p
         decide(row)
     return pd.DataFrame([vars(r) for r in rows])
+
+
+def read_arena(folder) -> pd.DataFrame:
+    """The arena frame of a run folder (`calls.jsonl`, or the compact `calls.jsonl.gz`)."""
+    from pathlib import Path
+
+    from bcr_core.experiments.claims_grid import read_records
+
+    folder = Path(folder)
+    if not (folder / "calls.jsonl").exists() and not (folder / "calls.jsonl.gz").exists():
+        raise ValueError(f"no arena records under {folder}: run `bcr arena --n N --out {folder}`, or set fresh = True")
+    return arena_frame(read_records(folder / "calls.jsonl"))
