@@ -125,7 +125,15 @@ def cmd_arena(args) -> int:
         args.gamma,
     )
     run_arena(load_backbone(args.model), cell, args.out, progress=True)
-    table = selector_table(arena_frame(read_jsonl(args.out / "calls.jsonl")))
+    calls = read_jsonl(args.out / "calls.jsonl")
+    if not any(c.get("arena") for c in calls):
+        print(
+            f"bcr arena: no call of these {args.n} items was served from an assembled cache (KVComm's anchor pool "
+            "warms up over the first items), so no selector was compared; run more items (--n)",
+            file=sys.stderr,
+        )
+        return 0
+    table = selector_table(arena_frame(calls))
     return print_table(table, args, digits=4)
 
 
