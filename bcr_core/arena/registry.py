@@ -13,7 +13,7 @@ unbroken one draws and no stream has to be replayed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -56,7 +56,6 @@ class Entry:
     passes: int
     reads_exact: bool = False
     rank_rows: str = "all"
-    extra: dict = field(default_factory=dict)
 
     def candidates(self, m: int, spans: list[dict]) -> torch.Tensor:
         if self.rank_rows == "all":
