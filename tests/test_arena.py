@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from bcr_core.arena import measures
-from bcr_core.arena.arena import PAIRED, ArenaCall, DenseReference, run_call, spend
 from bcr_core.arena.context import CallContext
+from bcr_core.arena.copies import PAIRED, ArenaCall, DenseReference, run_call, spend
 from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
 from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bcr_core.arena.arena import PAIRED
+from bcr_core.arena.copies import PAIRED
 from bcr_core.experiments import inference as inf
 from bcr_core.experiments.protocol import Verdict, decide, mean_claim
 

@@ -4,7 +4,7 @@ it serves from an assembled cache.
 The run is a `bcr run` cell of one condition with `--fidelity` (every call also served by Dense),
 written by the runner's own machinery (`RunFiles`: settings, lock, append, resume, replay into the
 stateful server): `items.jsonl` and `calls.jsonl` as `bcr run` writes them, each assembled call's
-record holding one more field, `arena` (`arena.run_call`'s measures). The arena only reads the
+record holding one more field, `arena` (`copies.run_call`'s measures). The arena only reads the
 call's trace, so the run's outputs, and every downstream agent's prompt, are those of a plain
 BCR-chunk run: pairing is exact. Items run one at a time in order (batch 1).
 """
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from bcr_core import paper
 from bcr_core.agents.pipeline import Pipeline
-from bcr_core.arena.arena import ArenaCall, DenseReference, run_call
+from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
