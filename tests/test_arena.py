@@ -296,6 +296,10 @@ def test_records_are_json_and_settings_are_the_folders_identity(tiny_chat, tmp_p
     run_arena(tiny_chat, cell, tmp_path, progress=False)
     settings = json.loads((tmp_path / "cell.json").read_text())
     assert settings["selectors"] == ["seams"] and settings["rhos"] == [0.05, 0.1, 0.2, 0.4]
+    deep = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="cacheblend:layer=3")
+    with pytest.raises(ValueError, match="the model has 3 layers, so check layers 1 to 2"):
+        run_arena(tiny_chat, deep, tmp_path / "deep", progress=False)
+    assert not (tmp_path / "deep").exists()
     other = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="window")
     with pytest.raises(ValueError, match="holds a run with other settings"):
         run_arena(tiny_chat, other, tmp_path, progress=False)

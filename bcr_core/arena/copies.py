@@ -8,7 +8,9 @@ count of rows buys). A ranking becomes rows through the chunk layout's `exactly`
 first, the last cut to the count); a row rule (`seams`, `window`) through the single layout's.
 Rankings are computed once per call and spent at every budget.
 
-Each copy gets one teacher-forced forward on Dense's continuation (`DenseReference`):
+Each copy gets one teacher-forced forward on Dense's continuation (`DenseReference`; copies of
+one call are stacked along the cache's batch dimension, `BATCH` per forward, and copies with the
+same rows are measured once):
 `kl`, the mean over Dense's steps of KL(Dense || copy), exactly `fidelity.teacher_forced_kl`'s
 definition; `first_token_agree`; `identical`, the copy's argmax equal to Dense's token at every
 step (and, where Dense stopped before its token limit, a stop token at the step after), so the
@@ -26,11 +28,13 @@ import torch
 
 from bcr_core.arena.context import CallContext
 from bcr_core.arena.registry import Entry
+from bcr_core.engine.kv import cache_over
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.calls import CallRecord
 from bcr_core.reuse.segments import predicted_rows
 
 PAIRED = "paired"
+BATCH = 8  # copies per teacher-forced forward
 
 
 def budget_label(rho: float) -> str:
@@ -57,7 +61,13 @@ class DenseReference:
         self.log_p = bb.forced_logits(*dense.served, self.fed).log_softmax(-1)[: self.steps]
 
     def measure(self, kv, last_id: int) -> dict:
-        logits = self.bb.forced_logits(kv, last_id, self.fed)
+        return self.measure_many([kv], last_id)[0]
+
+    def measure_many(self, kvs: list, last_id: int) -> list[dict]:
+        """Copies of one cache (same rows, same positions) measured in one batched forward."""
+        return [self.score(logits) for logits in forced_batch(self.bb, kvs, last_id, self.fed)]
+
+    def score(self, logits: torch.Tensor) -> dict:
         log_q = logits[: self.steps].log_softmax(-1)
         kl = float((self.log_p.exp() * (self.log_p - log_q)).sum(-1).mean())
         greedy = logits.argmax(-1).tolist()
@@ -65,6 +75,20 @@ class DenseReference:
         same = greedy[:n] == self.tokens and (not self.checks_stop or greedy[n] in self.stop)
         first = greedy[0] == self.tokens[0] if self.tokens else greedy[0] in self.stop
         return {"kl": kl, "first_token_agree": bool(first), "identical": bool(same)}
+
+
+@torch.inference_mode()
+def forced_batch(bb, kvs: list, last_id: int, tokens: list[int]) -> torch.Tensor:
+    """(copies, len(tokens), vocab) next-token logits, `tokens` teacher-forced after `last_id` on
+    every copy: `Backbone.forced_logits` for several caches of the same rows at once (the batch
+    dimension of the cache), one forward instead of one per copy."""
+    keys = torch.cat([kv.keys for kv in kvs], dim=1)
+    values = torch.cat([kv.values for kv in kvs], dim=1)
+    start = kvs[0].next_position
+    fed = torch.tensor([[int(last_id), *map(int, tokens[:-1])]] * len(kvs), device=bb.device)
+    positions = torch.arange(start, start + fed.shape[1], device=bb.device)[None].expand(len(kvs), -1)
+    out = bb.model(input_ids=fed, position_ids=positions, cache=cache_over(list(keys), list(values)), use_cache=True)
+    return out.logits.float()
 
 
 @dataclass
@@ -93,16 +117,8 @@ def run_call(bb, call: ArenaCall, reference: DenseReference, entries: list[Entry
     exact_ms, exact = timed(lambda: bb.prefill(ids[:-1])) if any(e.reads_exact for e in entries) else (0.0, None)
     context = CallContext(call.spans, call.key, exact)
     budgets = counts(call.paired_rows, m, rhos)
-    measured: dict[tuple[int, ...], dict] = {}  # copies with the same rows are measured once
-
-    def measure(rows: list[int]) -> dict:
-        key = tuple(rows)
-        if key not in measured:
-            copy = bb.repair(kv, ids[:-1], rows) if rows else kv
-            measured[key] = reference.measure(copy, ids[-1])
-        return measured[key]
-
-    out, cost = [], {}
+    chosen: list[tuple[dict, tuple[int, ...]]] = []
+    cost = {}
     for entry in entries:
         candidates = entry.candidates(m, call.spans)
         ms, ranking = timed(lambda entry=entry, c=candidates: entry.rank(bb, kv, ids[:-1], ids[-1], c, context))
@@ -110,10 +126,24 @@ def run_call(bb, call: ArenaCall, reference: DenseReference, entries: list[Entry
         for budget, count in budgets.items():
             rows = spend(entry, ranking.scores.detach().cpu(), candidates, count, chunk) if count else []
             wasted = sum(j not in predicted for j in rows)
-            out.append(
-                {"selector": entry.label, "budget": budget, "rows": len(rows), "rows_wasted": wasted} | measure(rows)
+            chosen.append(
+                ({"selector": entry.label, "budget": budget, "rows": len(rows), "rows_wasted": wasted}, tuple(rows))
             )
-    return {"cached_rows": m, "unrepaired": measure([]), "entries": out, "cost": cost}
+    measured = measure_copies(bb, kv, ids, reference, [(), *(rows for _, rows in chosen)])
+    out = [entry | measured[rows] for entry, rows in chosen]
+    return {"cached_rows": m, "unrepaired": measured[()], "entries": out, "cost": cost}
+
+
+def measure_copies(bb, kv, ids, reference: DenseReference, row_sets, batch: int = BATCH) -> dict:
+    """{rows: measures} for every distinct row set (the empty one: the unrepaired cache): each
+    repaired on its own copy, measured `batch` copies per forward."""
+    distinct = list(dict.fromkeys(row_sets))
+    measured = {}
+    for first in range(0, len(distinct), batch):
+        group = distinct[first : first + batch]
+        copies = [bb.repair(kv, ids[:-1], list(rows)) if rows else kv for rows in group]
+        measured.update(zip(group, reference.measure_many(copies, ids[-1])))
+    return measured
 
 
 def timed(work):

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from bcr_core import paper
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
-from bcr_core.arena.registry import DEFAULT, make_entries
+from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.experiments.conditions import make_server, parse
@@ -114,8 +114,17 @@ def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell,
     return out
 
 
+def check_layers(selectors, layers: int) -> None:
+    """Refuse, before any folder is touched, a CacheBlend check layer the model does not have."""
+    for spec in selectors:
+        name, options = parse_spec(spec)
+        if name == "cacheblend" and options.get("layer", 1) >= layers:
+            raise ValueError(f"selector {spec}: the model has {layers} layers, so check layers 1 to {layers - 1}")
+
+
 def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataFrame:
     """Run (or resume) the arena; returns the per-item table of the serving run."""
+    check_layers(cell.selectors, bb.num_layers)
     files, written = RunFiles(out, cell), []
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
