@@ -222,8 +222,8 @@ def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat,
 # -- the measures ----------------------------------------------------------------------------------
 def fake_calls(kl: dict[str, list[float]]) -> list[dict]:
     """One assembled call per item, at the paired budget and one sweep point, with the given KLs."""
-    calls = []
-    for i in range(len(next(iter(kl.values())))):
+    calls, n = [], len(next(iter(kl.values())))
+    for i in range(n):
         entries = [
             {"selector": s, "budget": b, "rows": 8, "rows_wasted": 0, "kl": v[i] * (1 if b == PAIRED else 0.5)}
             | {"first_token_agree": True, "identical": v[i] < 0.5}
@@ -231,9 +231,8 @@ def fake_calls(kl: dict[str, list[float]]) -> list[dict]:
             for b in (PAIRED, "0.4")
         ]
         cost = {s: {"passes": 0, "ms": 1.0} for s in kl}
-        calls.append(
-            {"item_id": f"i{i}", "node": "agent_1", "arena": {"cached_rows": 40, "entries": entries, "cost": cost}}
-        )
+        arena = {"cached_rows": 40, "entries": entries, "cost": cost, "item_index": i, "items": n}
+        calls.append({"item_id": f"i{i}", "node": "agent_1", "arena": arena})
     return calls
 
 

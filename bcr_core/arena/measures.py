@@ -14,7 +14,8 @@
 - `verdicts`: every selector against the draft and against the coin, per-item KL differences by a
   sign-flip test over items with a bootstrap interval (`protocol.mean_claim`), the whole table one
   Holm family (`protocol.decide`). `ours` is pre-registered: its rows are read on the second half of
-  the items (index >= n / 2) only, whatever they say; the others on every item.
+  the run's items (item index >= n / 2, n the run's items) only, whatever they say; the others on
+  every item.
 """
 
 from __future__ import annotations
@@ -38,14 +39,13 @@ def arena_frame(calls: list[dict]) -> pd.DataFrame:
         if not arena:
             continue
         where = {"item_id": call["item_id"], "node": call["node"], "cached_rows": arena["cached_rows"]}
+        where |= {"index": arena["item_index"], "items": arena["items"]}
         for entry in arena["entries"]:
             cost = arena["cost"][entry["selector"]]
             rows.append(where | entry | {"passes": cost["passes"], "ms": cost["ms"]})
     if not rows:
         raise ValueError("no call served from an assembled cache holds arena measures")
-    frame = pd.DataFrame(rows)
-    frame["index"] = frame["item_id"].map({i: k for k, i in enumerate(dict.fromkeys(frame["item_id"]))})
-    return frame
+    return pd.DataFrame(rows)
 
 
 def is_coin(label: str) -> bool:
@@ -146,9 +146,9 @@ def frontier(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def held_out(kl: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
-    """The items of the second half (run index >= n / 2, n the items in the records)."""
-    index = frame.drop_duplicates("item_id").set_index("item_id")["index"]
-    return kl[index.reindex(kl.index) >= len(index) / 2]
+    """The items of the run's second half (index >= n / 2, n the run's items)."""
+    items = frame.drop_duplicates("item_id").set_index("item_id")
+    return kl[(items["index"] >= items["items"] / 2).reindex(kl.index).to_numpy()]
 
 
 def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:

@@ -109,7 +109,10 @@ def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell,
             arena = ArenaCall(
                 call.trace.assembled, call.merged_ids, call.segment_map, len(call.trace.rows), (index, number)
             )
-            record["arena"] = run_call(bb, arena, dense, entries, cell.rhos, chunk)
+            record["arena"] = run_call(bb, arena, dense, entries, cell.rhos, chunk) | {
+                "item_index": index,
+                "items": cell.n,
+            }
         out.append(record)
     return out
 
