@@ -21,7 +21,7 @@ from bcr_core.cli import main
 from bcr_core.engine.kv import KV
 from bcr_core.experiments.runner import make_cell, read_jsonl, run_cell
 from bcr_core.repair.selectors import CacheBlendSelector
-from tests.conftest import random_ids
+from tests.conftest import random_ids, record_differences
 
 # A 40-token prompt: an exact prefix [0, 10), then the question [10, 25) and the text after it
 # [25, 28), an agent's output [28, 35) and the text after it [35, 40); 39 cached rows.
@@ -189,7 +189,7 @@ def test_at_full_budget_every_selector_reproduces_token_matched_dense(tiny, asse
 
 # -- the arena in a run ---------------------------------------------------------------------------
 def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat, tmp_path):
-    cell = make_arena_cell(3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft,seams")
+    cell = make_arena_cell(3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft")
     run_arena(tiny_chat, cell, tmp_path / "arena", progress=False)
     plain = make_cell("synthetic", 2, [cell.conditions[0]], 3, 4, item_seed=34, fidelity=True)
     run_cell(tiny_chat, plain, tmp_path / "run", progress=False)
@@ -214,9 +214,22 @@ def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat,
         compared += 1
     assert compared, "no call was served from an assembled cache"
     # resuming a finished arena does nothing and keeps the records
-    before = (tmp_path / "arena" / "calls.jsonl").read_text()
-    run_arena(tiny_chat, cell, tmp_path / "arena", progress=False)
-    assert (tmp_path / "arena" / "calls.jsonl").read_text() == before
+    folder = tmp_path / "arena"
+    before = (folder / "calls.jsonl").read_text()
+    run_arena(tiny_chat, cell, folder, progress=False)
+    assert (folder / "calls.jsonl").read_text() == before
+    # an arena cut after its first two items resumes to the same records (the pool replayed, no coin stream)
+    kept = [c for c in arena if c["item_id"] != arena[-1]["item_id"]]
+    items = read_jsonl(folder / "items.jsonl")
+    (folder / "calls.jsonl").write_text("".join(json.dumps(c) + "\n" for c in kept))
+    (folder / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items[:-1]))
+    run_arena(tiny_chat, cell, folder, progress=False)
+    untimed = lambda c: (
+        {k: v for k, v in c.items() if k not in ("ttft_s", "total_s", "assembly_s", "arena")}
+        | {"arena": c.get("arena", {}).get("entries")}
+    )
+    resumed = [untimed(c) for c in read_jsonl(folder / "calls.jsonl")]
+    assert record_differences(resumed, [untimed(c) for c in arena]) == []
 
 
 # -- the measures ----------------------------------------------------------------------------------
