@@ -132,6 +132,8 @@ def cmd_arena(args) -> int:
             "warms up over the first items), so no selector was compared; run more items (--n)",
             file=sys.stderr,
         )
+        if args.json:
+            print("[]")
         return 0
     table = selector_table(arena_frame(calls))
     return print_table(table, args, digits=4)
