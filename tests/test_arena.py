@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from types import SimpleNamespace
 
 import nbformat
@@ -188,12 +189,21 @@ def test_at_full_budget_every_selector_reproduces_token_matched_dense(tiny, asse
 
 
 # -- the arena in a run ---------------------------------------------------------------------------
-def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat, tmp_path):
-    cell = make_arena_cell(3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft")
-    run_arena(tiny_chat, cell, tmp_path / "arena", progress=False)
-    plain = make_cell("synthetic", 2, [cell.conditions[0]], 3, 4, item_seed=34, fidelity=True)
+ARENA = make_arena_cell(3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft")
+
+
+@pytest.fixture(scope="module")
+def arena_run(tiny_chat, tmp_path_factory):
+    """A three-item arena of the draft alone on the tiny chat model (items 0 and 1 warm the pool)."""
+    folder = tmp_path_factory.mktemp("arena")
+    run_arena(tiny_chat, ARENA, folder, progress=False)
+    return folder
+
+
+def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat, arena_run, tmp_path):
+    plain = make_cell("synthetic", 2, [ARENA.conditions[0]], 3, 4, item_seed=34, fidelity=True)
     run_cell(tiny_chat, plain, tmp_path / "run", progress=False)
-    arena = read_jsonl(tmp_path / "arena" / "calls.jsonl")
+    arena = read_jsonl(arena_run / "calls.jsonl")
     recorded = read_jsonl(tmp_path / "run" / "calls.jsonl")
     assert len(arena) == len(recorded)
     compared = 0
@@ -213,17 +223,20 @@ def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat,
         assert draft["identical"] == theirs["fidelity"]["identical"]
         compared += 1
     assert compared, "no call was served from an assembled cache"
-    # resuming a finished arena does nothing and keeps the records
+
+
+def test_an_arena_cut_short_resumes_to_the_same_records(tiny_chat, arena_run, tmp_path):
     folder = tmp_path / "arena"
+    shutil.copytree(arena_run, folder)
+    arena, items = read_jsonl(folder / "calls.jsonl"), read_jsonl(folder / "items.jsonl")
     before = (folder / "calls.jsonl").read_text()
-    run_arena(tiny_chat, cell, folder, progress=False)
+    run_arena(tiny_chat, ARENA, folder, progress=False)  # finished: nothing is redone
     assert (folder / "calls.jsonl").read_text() == before
-    # an arena cut after its first two items resumes to the same records (the pool replayed, no coin stream)
+    # cut after two items: the pool is replayed, the coins need no stream, the last item is redone alike
     kept = [c for c in arena if c["item_id"] != arena[-1]["item_id"]]
-    items = read_jsonl(folder / "items.jsonl")
     (folder / "calls.jsonl").write_text("".join(json.dumps(c) + "\n" for c in kept))
     (folder / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items[:-1]))
-    run_arena(tiny_chat, cell, folder, progress=False)
+    run_arena(tiny_chat, ARENA, folder, progress=False)
     untimed = lambda c: (
         {k: v for k, v in c.items() if k not in ("ttft_s", "total_s", "assembly_s", "arena")}
         | {"arena": c.get("arena", {}).get("entries")}
