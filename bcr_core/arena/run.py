@@ -141,7 +141,7 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
         done, done_calls = files.finished(
             [str(i["id"]) for i in items], [t.node for t in pipeline.templates], {condition}
         )
-        reference = KeptReference(bb)
+        reference = KeptReference(bb, keep=8)  # one item's calls (at most 6): Dense caches are not hoarded
         bar = tqdm(total=len(items), disable=not progress, desc=f"arena {cell.benchmark} x{cell.n_agents}")
         with bar:
             for index, item in enumerate(items):
