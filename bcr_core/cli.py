@@ -105,6 +105,40 @@ def cmd_run(args) -> int:
     return print_table(table, args, digits=3)
 
 
+def cmd_arena(args) -> int:
+    from bcr_core.arena.measures import arena_frame, selector_table
+    from bcr_core.arena.run import make_arena_cell, run_arena
+    from bcr_core.experiments.runner import read_jsonl
+
+    cell = make_arena_cell(
+        args.n,
+        args.agents,
+        args.max_new_tokens,
+        args.rho,
+        args.chunk,
+        split_list(args.rhos, float, "--rhos"),
+        args.selectors,
+        split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
+        args.benchmark,
+        args.item_seed,
+        args.model,
+        args.gamma,
+    )
+    run_arena(load_backbone(args.model), cell, args.out, progress=True)
+    calls = read_jsonl(args.out / "calls.jsonl")
+    if not any(c.get("arena") for c in calls):
+        print(
+            f"bcr arena: no call of these {args.n} items was served from an assembled cache (KVComm's anchor pool "
+            "warms up over the first items), so no selector was compared; run more items (--n)",
+            file=sys.stderr,
+        )
+        if args.json:
+            print("[]")
+        return 0
+    table = selector_table(arena_frame(calls))
+    return print_table(table, args, digits=4)
+
+
 def cmd_grid(args) -> int:
     from bcr_core.experiments.grid import combined_table, read_grid, run_grid
 
@@ -312,6 +346,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(run)
     run.set_defaults(run=cmd_run)
+
+    arena = sub.add_parser(
+        "arena", help="every selector on the same assembled caches at the same rows, against Dense (issue 24)"
+    )
+    arena.add_argument("--n", type=int, required=True, help="number of items (the first n)")
+    arena.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
+    arena.add_argument("--benchmark", default="synthetic", choices=BENCHMARKS)
+    arena.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
+    arena.add_argument("--max-new-tokens", type=int, default=8)
+    arena.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
+    arena.add_argument("--rho", type=float, default=paper.RHO, help="the serving BCR-chunk's budget (the paired count)")
+    arena.add_argument("--chunk", type=int, default=16, help="B: the chunk layout's unit, serving and arena alike")
+    arena.add_argument("--rhos", default="0.05,0.1,0.2,0.4", help="the sweep: round(rho x M) rows per call each")
+    arena.add_argument("--gamma", type=float, default=None, help="KVComm's gate (default: the paper's 0.3)")
+    arena.add_argument(
+        "--selectors",
+        default=None,
+        help="comma-separated selectors with options, e.g. draft,draft:rank=predicted,cacheblend:layer=2 "
+        "(default: the whole field; see bcr_core.arena.registry)",
+    )
+    arena.add_argument("--seeds", default=None, help="comma-separated seeds: a coin without a seed runs once per seed")
+    add_common(arena)
+    arena.set_defaults(run=cmd_arena)
 
     grid = sub.add_parser("grid", help="many cells from a TOML file, in this process or on Ray; one combined table")
     grid.add_argument("file", type=Path, help="TOML: a [defaults] table of `bcr run` settings, one [cells.NAME] each")

@@ -38,6 +38,7 @@ EXPECTED = [
     "08_allocation",
     "09_attention_explorer",
     "10_claims",
+    "11_arena",
 ]
 
 

@@ -63,9 +63,17 @@ class CoinSelector:
 
 
 class CacheBlendSelector:
+    """`layer` is the check layer (CacheBlend's is 1, the default): fresh values there need the
+    layers up to it run over the whole prompt, layer + 1 of them."""
+
     name = "cacheblend"
 
+    def __init__(self, layer: int = 1):
+        if layer < 1:
+            raise ValueError(f"CacheBlend's check layer must be >= 1 (layer 0 is exact when assembled), got {layer}")
+        self.layer = layer
+
     def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
-        fresh = bb.prefill_layers(ids, kv.positions, layers=2)
-        deviation = (fresh.values[1] - kv.values[1].to(fresh.values.dtype)).float().norm(dim=-1).mean(dim=(0, 1))
+        fresh, at = bb.prefill_layers(ids, kv.positions, layers=self.layer + 1), self.layer
+        deviation = (fresh.values[at] - kv.values[at].to(fresh.values.dtype)).float().norm(dim=-1).mean(dim=(0, 1))
         return Ranking(deviation if rows is None else deviation[rows])

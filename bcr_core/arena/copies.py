@@ -1,0 +1,152 @@
+"""One call of the arena: every selector ranks the same assembled cache, each repairs a copy at
+exactly the same number of rows, and each copy is measured against Dense on the same prompt.
+
+The budgets (`counts`): `paired`, the rows the run's own BCR-chunk repaired on this very call (0
+where its skip rule left the call unrepaired: every copy is then the unrepaired cache), and for
+each rho of the sweep round(rho x M) rows, M the cached rows (no skip rule: the sweep asks what a
+count of rows buys). A ranking becomes rows through the chunk layout's `exactly` (whole chunks best
+first, the last cut to the count); a row rule (`seams`, `window`) through the single layout's.
+Rankings are computed once per call and spent at every budget.
+
+Each copy gets one teacher-forced forward on Dense's continuation (`DenseReference`; copies of
+one call are stacked along the cache's batch dimension, `BATCH` per forward, and copies with the
+same rows are measured once):
+`kl`, the mean over Dense's steps of KL(Dense || copy), exactly `fidelity.teacher_forced_kl`'s
+definition; `first_token_agree`; `identical`, the copy's argmax equal to Dense's token at every
+step (and, where Dense stopped before its token limit, a stop token at the step after), so the
+greedy continuation from the copy is Dense's; `rows` and `rows_wasted` (rows KVComm did not
+predict: the agent's exact prefix, where repair changes nothing). Per selector and call: its own
+cost, `passes` (model forwards) and `ms` (the oracles' include the exact prefill).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from bcr_core.arena.context import CallContext
+from bcr_core.arena.registry import Entry
+from bcr_core.engine.kv import cache_over
+from bcr_core.repair.layouts import LayoutConfig, layout
+from bcr_core.reuse.calls import CallRecord
+from bcr_core.reuse.segments import predicted_rows
+
+PAIRED = "paired"
+BATCH = 8  # copies per teacher-forced forward
+
+
+def budget_label(rho: float) -> str:
+    return f"{rho:g}"
+
+
+def counts(paired_rows: int, m: int, rhos) -> dict[str, int]:
+    """Rows per budget on an M-row cache: the paired BCR-chunk count, then round(rho x M) per rho."""
+    return {PAIRED: paired_rows, **{budget_label(rho): round(rho * m) for rho in rhos}}
+
+
+class DenseReference:
+    """Dense's continuation of one call, teacher-forced once; `measure` scores a copy against it."""
+
+    def __init__(self, bb, dense: CallRecord, max_new_tokens: int):
+        if dense.served is None:
+            raise ValueError("the arena needs Dense's served cache for every call")
+        tokens = list(dense.output_tokens)
+        self.bb, self.tokens, self.steps = bb, tokens, max(len(tokens), 1)
+        self.stop = set(bb.stop_ids)
+        stopped = len(tokens) < max_new_tokens
+        self.fed = tokens + [bb.stop_ids[0]] if stopped or not tokens else tokens
+        self.checks_stop = stopped
+        self.log_p = bb.forced_logits(*dense.served, self.fed).log_softmax(-1)[: self.steps]
+
+    def measure(self, kv, last_id: int) -> dict:
+        return self.measure_many([kv], last_id)[0]
+
+    def measure_many(self, kvs: list, last_id: int) -> list[dict]:
+        """Copies of one cache (same rows, same positions) measured in one batched forward."""
+        return [self.score(logits) for logits in forced_batch(self.bb, kvs, last_id, self.fed)]
+
+    def score(self, logits: torch.Tensor) -> dict:
+        log_q = logits[: self.steps].log_softmax(-1)
+        kl = float((self.log_p.exp() * (self.log_p - log_q)).sum(-1).mean())
+        greedy = logits.argmax(-1).tolist()
+        n = len(self.tokens)
+        same = greedy[:n] == self.tokens and (not self.checks_stop or greedy[n] in self.stop)
+        first = greedy[0] == self.tokens[0] if self.tokens else greedy[0] in self.stop
+        return {"kl": kl, "first_token_agree": bool(first), "identical": bool(same)}
+
+
+@torch.inference_mode()
+def forced_batch(bb, kvs: list, last_id: int, tokens: list[int]) -> torch.Tensor:
+    """(copies, len(tokens), vocab) next-token logits, `tokens` teacher-forced after `last_id` on
+    every copy: `Backbone.forced_logits` for several caches of the same rows at once (the batch
+    dimension of the cache), one forward instead of one per copy."""
+    keys = torch.cat([kv.keys for kv in kvs], dim=1)
+    values = torch.cat([kv.values for kv in kvs], dim=1)
+    start = kvs[0].next_position
+    fed = torch.tensor([[int(last_id), *map(int, tokens[:-1])]] * len(kvs), device=bb.device)
+    positions = torch.arange(start, start + fed.shape[1], device=bb.device)[None].expand(len(kvs), -1)
+    out = bb.model(input_ids=fed, position_ids=positions, cache=cache_over(list(keys), list(values)), use_cache=True)
+    return out.logits.float()
+
+
+@dataclass
+class ArenaCall:
+    """One assembled call: its cache, ids, segment map, the paired count and its place in the run."""
+
+    kv: object  # KV: the assembled cache, before any repair
+    ids: list[int]  # the reuse path's ids, the last one included
+    spans: list[dict]
+    paired_rows: int
+    key: tuple[int, ...] = ()
+
+
+def spend(entry: Entry, scores: torch.Tensor, candidates: torch.Tensor, rows: int, chunk: int) -> list[int]:
+    """The rows a ranking buys at `rows`: exactly that many (capped at the candidates), in the chunk
+    layout's unit for a ranking, one by one for a row rule."""
+    unit = layout("single" if entry.row_rule else "chunk", LayoutConfig(chunk=chunk))
+    chosen = unit.exactly(scores, min(rows, scores.numel()))
+    return sorted(int(candidates[j]) for j in chosen)
+
+
+def run_call(bb, call: ArenaCall, reference: DenseReference, entries: list[Entry], rhos, chunk: int) -> dict:
+    """Every selector on one call at every budget; returns {"entries": [...], "cost": {...}}."""
+    kv, ids, m = call.kv, call.ids, call.kv.length
+    predicted = set(predicted_rows(call.spans, m))
+    exact_ms, exact = timed(lambda: bb.prefill(ids[:-1])) if any(e.reads_exact for e in entries) else (0.0, None)
+    context = CallContext(call.spans, call.key, exact)
+    budgets = counts(call.paired_rows, m, rhos)
+    chosen: list[tuple[dict, tuple[int, ...]]] = []
+    cost = {}
+    for entry in entries:
+        candidates = entry.candidates(m, call.spans)
+        ms, ranking = timed(lambda entry=entry, c=candidates: entry.rank(bb, kv, ids[:-1], ids[-1], c, context))
+        cost[entry.label] = {"passes": entry.passes, "ms": ms + (exact_ms if entry.reads_exact else 0.0)}
+        for budget, count in budgets.items():
+            rows = spend(entry, ranking.scores.detach().cpu(), candidates, count, chunk) if count else []
+            wasted = sum(j not in predicted for j in rows)
+            chosen.append(
+                ({"selector": entry.label, "budget": budget, "rows": len(rows), "rows_wasted": wasted}, tuple(rows))
+            )
+    measured = measure_copies(bb, kv, ids, reference, [(), *(rows for _, rows in chosen)])
+    out = [entry | measured[rows] for entry, rows in chosen]
+    return {"cached_rows": m, "unrepaired": measured[()], "entries": out, "cost": cost}
+
+
+def measure_copies(bb, kv, ids, reference: DenseReference, row_sets, batch: int = BATCH) -> dict:
+    """{rows: measures} for every distinct row set (the empty one: the unrepaired cache): each
+    repaired on its own copy, measured `batch` copies per forward."""
+    distinct = list(dict.fromkeys(row_sets))
+    measured = {}
+    for first in range(0, len(distinct), batch):
+        group = distinct[first : first + batch]
+        copies = [bb.repair(kv, ids[:-1], list(rows)) if rows else kv for rows in group]
+        measured.update(zip(group, reference.measure_many(copies, ids[-1])))
+    return measured
+
+
+def timed(work):
+    started = time.perf_counter()
+    value = work()
+    return 1000 * (time.perf_counter() - started), value

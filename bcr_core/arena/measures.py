@@ -1,0 +1,188 @@
+"""What every selector of the arena gets, read from its call records, under the claims' protocol
+(`bcr_core.experiments.protocol`): the item is the unit, a coin's seeds are one control.
+
+- `arena_frame`: one row per (call, selector, budget) of the records' `arena` fields.
+- `per_item`: a measure's per-item mean over the item's assembled calls, items x selectors; the
+  coin's seeds averaged per item into one `coin` column (their own columns dropped).
+- `selector_table`: per selector at one budget, the mean of per-item KL with its 95% bootstrap
+  interval over items, first-token agreement and identical continuations (per call), rows and
+  rows wasted per call, and the selector's own cost (passes, ms).
+- `gap_share`: the share of the achievable gain, (coin - selector) / (coin - oracle), per item
+  (items where the oracle gains nothing over the coin left out) and overall (of the means, with
+  a bootstrap interval over items).
+- `frontier`: per selector and budget of the sweep, rows per call against per-item KL.
+- `verdicts`: every selector against the draft and against the coin, per-item KL differences by a
+  sign-flip test over items with a bootstrap interval (`protocol.mean_claim`), the whole table one
+  Holm family (`protocol.decide`). `ours` is pre-registered: its rows are read on the second half of
+  the run's items (item index >= n / 2, n the run's items) only, whatever they say; the others on
+  every item.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bcr_core.arena.copies import PAIRED
+from bcr_core.experiments import inference as inf
+from bcr_core.experiments.protocol import Verdict, decide, mean_claim
+
+COIN, DRAFT, ORACLE, OURS = "coin", "draft", "oracle", "ours"
+HELD_OUT = "second half of the items (pre-registered)"
+
+
+def arena_frame(calls: list[dict]) -> pd.DataFrame:
+    """The arena's measures, one row per (call, selector, budget), with the call's cost columns."""
+    rows = []
+    for call in calls:
+        arena = call.get("arena")
+        if not arena:
+            continue
+        where = {"item_id": call["item_id"], "node": call["node"], "cached_rows": arena["cached_rows"]}
+        where |= {"index": arena["item_index"], "items": arena["items"]}
+        for entry in arena["entries"]:
+            cost = arena["cost"][entry["selector"]]
+            rows.append(where | entry | {"passes": cost["passes"], "ms": cost["ms"]})
+    if not rows:
+        raise ValueError("no call served from an assembled cache holds arena measures")
+    return pd.DataFrame(rows)
+
+
+def is_coin(label: str) -> bool:
+    return label.split(":")[0] == COIN
+
+
+def per_item(frame: pd.DataFrame, budget: str = PAIRED, measure: str = "kl") -> pd.DataFrame:
+    """Items x selectors: each item's mean of `measure` over its assembled calls; coin seeds as one
+    `coin` column (the mean of the seeds per item)."""
+    own = frame[frame["budget"] == budget]
+    table = own.pivot_table(index="item_id", columns="selector", values=measure, aggfunc="mean", sort=False)
+    table = table.astype(float)
+    coins = [c for c in table.columns if is_coin(c)]
+    if coins:
+        table = table.drop(columns=coins).assign(**{COIN: table[coins].mean(axis=1)})
+    order = dict.fromkeys(frame["item_id"])
+    return table.reindex([i for i in order if i in table.index])
+
+
+def selector_table(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
+    """Per selector at `budget`: per-item KL (mean, 95% bootstrap interval), per-call rates, rows, cost."""
+    kl = per_item(frame, budget)
+    own = frame[frame["budget"] == budget].assign(
+        selector=lambda f: f["selector"].map(lambda s: COIN if is_coin(s) else s)
+    )
+    calls = own.groupby("selector", sort=False).agg(
+        first_token_agree=("first_token_agree", "mean"),
+        identical=("identical", "mean"),
+        rows_per_call=("rows", "mean"),
+        rows_wasted_per_call=("rows_wasted", "mean"),
+        passes=("passes", "mean"),
+        ms_per_call=("ms", "mean"),
+    )
+    out = []
+    for selector in kl.columns:
+        lo, hi = inf.bootstrap_ci(kl[selector].to_numpy())
+        out.append(
+            {
+                "selector": selector,
+                "items": len(kl),
+                "kl_per_item": float(kl[selector].mean()),
+                "kl_lo": lo,
+                "kl_hi": hi,
+            }
+        )
+    table = pd.DataFrame(out).merge(calls, left_on="selector", right_index=True)
+    table["wasted_share"] = table["rows_wasted_per_call"] / table["rows_per_call"].where(table["rows_per_call"] > 0)
+    return table.sort_values("kl_per_item", kind="stable").reset_index(drop=True)
+
+
+def gap_share(frame: pd.DataFrame, budget: str = PAIRED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per item, overall): (coin - selector) / (coin - oracle). Per item only where the oracle's
+    KL lies below the coin's; overall the ratio of the means over items, with a bootstrap 95%
+    interval over items (resampling items, the ratio of the resampled means)."""
+    kl = per_item(frame, budget)
+    if COIN not in kl or ORACLE not in kl:
+        raise ValueError("the gap share needs the coin and the oracle among the selectors")
+    gain = kl[COIN] - kl[ORACLE]
+    per = kl.drop(columns=[COIN]).rsub(kl[COIN], axis=0).div(gain.where(gain > 0), axis=0)
+    overall = []
+    for selector in per.columns:
+        pairs = np.column_stack([kl[COIN] - kl[selector], gain])
+        ratio = lambda v: v[:, 0].mean() / v[:, 1].mean() if v[:, 1].mean() > 0 else np.nan
+        draws = inf.bootstrap_draws(pairs, ratio)
+        lo, hi = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (np.nan, np.nan)
+        overall.append(
+            {
+                "selector": selector,
+                "gap_share": ratio(pairs),
+                "lo": float(lo),
+                "hi": float(hi),
+                "per_item_median": float(per[selector].median()),
+                "items_with_a_gap": int(per[selector].notna().sum()),
+            }
+        )
+    return per, pd.DataFrame(overall).sort_values("gap_share", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def frontier(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per selector and budget of the sweep: rows per call and the mean per-item KL, with the
+    budget's rho (the paired point left out: its count is the draft's own)."""
+    out = []
+    for budget in [b for b in dict.fromkeys(frame["budget"]) if b != PAIRED]:
+        kl = per_item(frame, budget)
+        own = frame[frame["budget"] == budget]
+        rows = own.assign(selector=own["selector"].map(lambda s: COIN if is_coin(s) else s))
+        rows = rows.groupby("selector")["rows"].mean()
+        for selector in kl.columns:
+            out.append(
+                {
+                    "selector": selector,
+                    "rho": float(budget),
+                    "rows_per_call": float(rows[selector]),
+                    "kl_per_item": float(kl[selector].mean()),
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def held_out(kl: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The items of the run's second half (index >= n / 2, n the run's items)."""
+    items = frame.drop_duplicates("item_id").set_index("item_id")
+    return kl[(items["index"] >= items["items"] / 2).reindex(kl.index).to_numpy()]
+
+
+def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
+    """Every selector against the draft and against the coin on per-item KL, Holm over the table."""
+    kl = per_item(frame, budget)
+    rows: list[Verdict] = []
+    for against in (DRAFT, COIN):
+        if against not in kl:
+            continue
+        for selector in [c for c in kl.columns if c != against]:
+            items = held_out(kl, frame) if selector == OURS else kl
+            gain = (items[against] - items[selector]).to_numpy()  # + = the selector leaves less KL
+            test = f"{selector} vs {against}: per-item mean KL at the {budget} count, sign-flip over items"
+            claim = f"{selector} beats {against}"
+            if gain.size < 2:
+                rows.append(Verdict(claim, "issue 24", "kl_mean", test, "not measured", evidence="fewer than 2 items"))
+                continue
+            row = mean_claim(claim, "issue 24", "kl_mean", test, gain)
+            row.evidence = f"mean per-item KL {items[selector].mean():.5f} vs {items[against].mean():.5f}"
+            row.read_on = HELD_OUT if selector == OURS else ""
+            rows.append(row)
+    for row, p in zip(rows, inf.holm([r.p for r in rows])):
+        row.p_holm = p
+        decide(row)
+    return pd.DataFrame([vars(r) for r in rows])
+
+
+def read_arena(folder) -> pd.DataFrame:
+    """The arena frame of a run folder (`calls.jsonl`, or the compact `calls.jsonl.gz`)."""
+    from pathlib import Path
+
+    from bcr_core.experiments.claims_grid import read_records
+
+    folder = Path(folder)
+    if not (folder / "calls.jsonl").exists() and not (folder / "calls.jsonl.gz").exists():
+        raise ValueError(f"no arena records under {folder}: run `bcr arena --n N --out {folder}`, or set fresh = True")
+    return arena_frame(read_records(folder / "calls.jsonl"))

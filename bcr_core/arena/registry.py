@@ -1,0 +1,156 @@
+"""Selector names for the arena: `name[:key=value,...]`, e.g. `draft:rank=predicted`,
+`coin:seed=2`, `cacheblend:layer=4`. An unknown name or option is one line naming those that
+exist; `Entry` is what the arena runs: the rule, the rows it ranks, how its scores become rows,
+and what it costs.
+
+Every selector takes `rank=all` (rank every cached row, the paper's rule, the default) or
+`rank=predicted` (only rows KVComm predicted; the count is the same, capped at what they hold).
+The coin draws afresh on every call from a stream seeded by (its seed, the call's place in the
+run), one uniform per chunk (`CoinSelector(unit=chunk)`), so a resumed arena draws what an
+unbroken one draws and no stream has to be replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bcr_core import paper
+from bcr_core.arena import selectors as arena_selectors
+from bcr_core.arena.context import CallContext
+from bcr_core.experiments.conditions import Option, split_conditions
+from bcr_core.repair.layouts import RANKS
+from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking
+from bcr_core.reuse.segments import predicted_rows
+
+RANK = {"rank": Option(str, "all", RANKS, "all: every cached row; predicted: only rows KVComm predicted")}
+OPTIONS: dict[str, dict[str, Option]] = {
+    "oracle": RANK,
+    "oracle-attn": RANK,
+    "draft": RANK | {"k": Option(int, paper.DRAFT_TOKENS, about="drafted tokens")},
+    "coin": RANK | {"seed": Option(int, 0, about="the coin's seed")},
+    "cacheblend": RANK | {"layer": Option(int, 1, about="the check layer")},
+    "question": RANK,
+    "seams": {},
+    "window": {},
+    "ours": RANK,
+}
+DEFAULT = (
+    "oracle,oracle-attn,draft,draft:rank=predicted,coin:seed=0,coin:seed=1,coin:seed=2,"
+    "cacheblend,cacheblend:layer=3,cacheblend:layer=8,question,seams,window,ours"
+)
+
+
+@dataclass
+class Entry:
+    """One selector in the arena, under its label."""
+
+    label: str
+    name: str
+    options: dict
+    rule: Callable[[CallContext], object]  # the selector that ranks a call (the coin's is made per call)
+    row_rule: bool
+    passes: int
+    reads_exact: bool = False
+    rank_rows: str = "all"
+
+    def candidates(self, m: int, spans: list[dict]) -> torch.Tensor:
+        if self.rank_rows == "all":
+            return torch.arange(m)
+        return torch.tensor(predicted_rows(spans, m), dtype=torch.long)
+
+    def rank(self, bb, kv, ids, last_id, candidates, context: CallContext) -> Ranking:
+        rule = self.rule(context)
+        rows = None if self.rank_rows == "all" else candidates
+        if isinstance(rule, (DraftSelector, CoinSelector, CacheBlendSelector)):  # the server's own selectors
+            return rule.rank(bb, kv, ids, last_id, rows)
+        return rule.rank(bb, kv, ids, last_id, rows, context=context)
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    head, _, tail = spec.strip().partition(":")
+    name = head.strip()
+    if name not in OPTIONS:
+        raise ValueError(f"unknown selector {name!r}; known: {', '.join(OPTIONS)}")
+    options = {}
+    for pair in filter(None, (p.strip() for p in tail.split(","))):
+        key, eq, raw = (part.strip() for part in pair.partition("="))
+        if key not in OPTIONS[name] or not eq:
+            offered = ", ".join(f"{k}=" for k in OPTIONS[name]) or "none"
+            raise ValueError(f"selector {name!r} takes no option {pair!r}; its options: {offered}")
+        options[key] = OPTIONS[name][key].read(key, raw)
+    if name == "cacheblend" and options.get("layer", 1) < 1:
+        raise ValueError(f"selector {spec!r}: the check layer is at least 1 (layer 0 is exact when assembled)")
+    if name == "coin" and options.get("seed", 0) < 0:
+        raise ValueError(f"selector {spec!r}: a coin's seed is at least 0")
+    if name == "draft" and options.get("k", 1) < 1:
+        raise ValueError(f"selector {spec!r}: the draft drafts at least 1 token")
+    return name, options
+
+
+def label_of(name: str, options: dict) -> str:
+    shown = {k: v for k, v in sorted(options.items()) if v != OPTIONS[name][k].default or k == "seed"}
+    return name + (":" + ",".join(f"{k}={v}" for k, v in shown.items()) if shown else "")
+
+
+def call_seed(seed: int, key: tuple[int, ...]) -> int:
+    """The coin's seed on one call: (its seed, the call's place in the run), mixed by numpy."""
+    return int(np.random.SeedSequence([seed, *key]).generate_state(1)[0])
+
+
+def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
+    name, options = parse_spec(spec)
+    rank_rows = options.get("rank", "all")
+    label = label_of(name, options)
+    if name == "draft":
+        selector = DraftSelector(options.get("k", paper.DRAFT_TOKENS))
+        return Entry(label, name, options, lambda c: selector, False, selector.k, rank_rows=rank_rows)
+    if name == "coin":
+        seed = options.setdefault("seed", 0)
+        label = label_of(name, options)
+        return Entry(
+            label,
+            name,
+            options,
+            lambda c: CoinSelector(call_seed(seed, c.key), unit=chunk),
+            False,
+            0,
+            rank_rows=rank_rows,
+        )
+    if name == "cacheblend":
+        selector = CacheBlendSelector(options.get("layer", 1))
+        return Entry(label, name, options, lambda c: selector, False, 1, rank_rows=rank_rows)
+    cls = {
+        "oracle": arena_selectors.OracleSelector,
+        "oracle-attn": arena_selectors.AttentionOracleSelector,
+        "question": arena_selectors.QuestionSelector,
+        "seams": arena_selectors.SeamsSelector,
+        "window": arena_selectors.WindowSelector,
+        "ours": arena_selectors.AttendedDeviationSelector,
+    }[name]
+    selector = cls()
+    return Entry(
+        label, name, options, lambda c: selector, cls.row_rule, cls.passes, name.startswith("oracle"), rank_rows
+    )
+
+
+def make_entries(text: str, chunk: int = paper.CHUNK_ROWS, seeds: list[int] | None = None) -> list[Entry]:
+    """The selectors of a comma-separated list (options comma-separated too, as for conditions);
+    a `coin` without a seed once per seed in `seeds`. A selector listed twice is refused."""
+    specs = []
+    for spec in split_conditions(text):
+        if spec.split(":")[0].strip() == "coin" and "seed=" not in spec and seeds:
+            specs += [f"{spec}{',' if ':' in spec else ':'}seed={s}" for s in seeds]
+        else:
+            specs.append(spec)
+    if not specs:
+        raise ValueError(f"no selector given; known: {', '.join(OPTIONS)}")
+    entries = [make_entry(s, chunk) for s in specs]
+    labels = [e.label for e in entries]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        raise ValueError(f"selector {', '.join(twice)} is listed more than once; list each once")
+    return entries

@@ -1,0 +1,166 @@
+"""`bcr arena`: one KVComm-family run (BCR-chunk, its serving unchanged) with the arena on every call
+it serves from an assembled cache.
+
+The run is a `bcr run` cell of one condition with `--fidelity` (every call also served by Dense),
+written by the runner's own machinery (`RunFiles`: settings, lock, append, resume, replay into the
+stateful server): `items.jsonl` and `calls.jsonl` as `bcr run` writes them, each assembled call's
+record holding one more field, `arena` (`copies.run_call`'s measures). The arena only reads the
+call's trace, so the run's outputs, and every downstream agent's prompt, are those of a plain
+BCR-chunk run: pairing is exact. Items run one at a time in order (batch 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from bcr_core import paper
+from bcr_core.agents.pipeline import Pipeline
+from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
+from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
+from bcr_core.data import benchmarks
+from bcr_core.engine.memory import release_freed_memory
+from bcr_core.experiments.conditions import make_server, parse
+from bcr_core.experiments.runner import Cell, Interrupted, RunFiles, SharedReference, item_record, read_jsonl
+from bcr_core.repair.layouts import check_rho
+from bcr_core.reuse.calls import drive
+
+RHOS = (0.05, 0.1, 0.2, 0.4)
+
+
+@dataclass(frozen=True)
+class ArenaCell(Cell):
+    """A `bcr run` cell (one BCR-chunk condition, fidelity on) and the arena's settings, all of
+    which are the run folder's identity: resuming with other selectors or budgets is refused."""
+
+    selectors: tuple[str, ...] = ()
+    rhos: tuple[float, ...] = RHOS
+
+    def __post_init__(self):
+        super().__post_init__()
+        for rho in self.rhos:
+            check_rho(rho)
+        object.__setattr__(self, "selectors", tuple(e.label for e in make_entries(",".join(self.selectors))))
+
+
+def make_arena_cell(
+    n: int,
+    agents: int = 3,
+    max_new_tokens: int = 8,
+    rho: float = paper.RHO,
+    chunk: int = 16,
+    rhos=RHOS,
+    selectors: str | None = None,
+    seeds: list[int] | None = None,
+    benchmark: str = "synthetic",
+    item_seed: int = 0,
+    model: str = "default",
+    gamma: float | None = None,
+) -> ArenaCell:
+    """The arena's cell; every setting is checked here, before a model is loaded or a folder touched.
+    `gamma` sets KVComm's gate (default: the paper's)."""
+    check_rho(rho)
+    for r in rhos:
+        check_rho(r)
+    if chunk < 1:
+        raise ValueError(f"--chunk must be >= 1, got {chunk}")
+    if gamma is not None and not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"--gamma is KVComm's entropy gate, in [0, 1]; got {gamma:g}")
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    labels = tuple(e.label for e in make_entries(DEFAULT if selectors is None else selectors, chunk, seeds))
+    extra = {"seed": item_seed} if benchmark == "synthetic" else {}
+    condition = f"bcr-chunk@{rho:g}:chunk={chunk}" + ("" if gamma is None else f",gamma={gamma:g}")
+    return ArenaCell(
+        benchmark,
+        agents,
+        (condition,),
+        n,
+        max_new_tokens,
+        None,
+        model,
+        None,
+        extra,
+        True,
+        labels,
+        tuple(float(r) for r in rhos),
+    )
+
+
+class KeptReference(SharedReference):
+    """The run's Dense reference, whose served records (caches included) the arena reads back."""
+
+    def record(self, dense_ids: list[int], max_new_tokens: int):
+        return self.served[(tuple(dense_ids), max_new_tokens)]
+
+
+def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell, index: int) -> list[dict]:
+    """The item's call records, each assembled call's with its `arena` field."""
+    chunk = parse(cell.conditions[0]).option("chunk")
+    out = []
+    for number, call in enumerate(request.calls):
+        record = call.to_dict() | {"condition": cell.conditions[0], "item_id": request.item_id}
+        if call.trace is not None:
+            dense = DenseReference(bb, reference.record(call.dense_ids, cell.max_new_tokens), cell.max_new_tokens)
+            arena = ArenaCall(
+                call.trace.assembled, call.merged_ids, call.segment_map, len(call.trace.rows), (index, number)
+            )
+            record["arena"] = run_call(bb, arena, dense, entries, cell.rhos, chunk) | {
+                "item_index": index,
+                "items": cell.n,
+            }
+        out.append(record)
+    return out
+
+
+def check_layers(selectors, layers: int) -> None:
+    """Refuse, before any folder is touched, a CacheBlend check layer the model does not have."""
+    for spec in selectors:
+        name, options = parse_spec(spec)
+        if name == "cacheblend" and options.get("layer", 1) >= layers:
+            raise ValueError(f"selector {spec}: the model has {layers} layers, so check layers 1 to {layers - 1}")
+
+
+def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataFrame:
+    """Run (or resume) the arena; returns the per-item table of the serving run."""
+    check_layers(cell.selectors, bb.num_layers)
+    files, written = RunFiles(out, cell), []
+    try:
+        items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
+        pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
+        condition = cell.conditions[0]
+        chunk = parse(condition).option("chunk")
+        entries = make_entries(",".join(cell.selectors), chunk)
+        server = make_server(bb, condition)
+        server.trace = True
+        files.settle()
+        done, done_calls = files.finished(
+            [str(i["id"]) for i in items], [t.node for t in pipeline.templates], {condition}
+        )
+        reference = KeptReference(bb, keep=8)  # one item's calls (at most 6): Dense caches are not hoarded
+        bar = tqdm(total=len(items), disable=not progress, desc=f"arena {cell.benchmark} x{cell.n_agents}")
+        with bar:
+            for index, item in enumerate(items):
+                item_id = str(item["id"])
+                if (condition, item_id) in done:
+                    for call in done_calls.get((condition, item_id), []):
+                        server.replay(call)
+                    bar.update(1)
+                    continue
+                question = benchmarks.question_text(cell.benchmark, item)
+                request = drive(bb, partial(pipeline.steps, server, item_id, question, reference)())
+                calls = arena_calls(bb, request, reference, entries, cell, index)
+                files.append(item_record(cell, condition, index, item, request), calls)
+                written.append(item_id)
+                bar.update(1)
+                release_freed_memory()
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
+    finally:
+        files.release()
+    table = pd.DataFrame(read_jsonl(files.items_path))
+    return table.sort_values("index", kind="stable").reset_index(drop=True) if len(table) else table

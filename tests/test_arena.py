@@ -1,0 +1,341 @@
+"""The selector arena (issue 24): each selector's rule against a written-out version on a tiny random
+model's cache, full budgets against token-matched Dense, the arena's draft against what `bcr run`
+records for the same calls, the measures, and bad input refused before any work."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+import torch
+
+from bcr_core.arena import measures
+from bcr_core.arena.context import CallContext
+from bcr_core.arena.copies import PAIRED, ArenaCall, DenseReference, run_call, spend
+from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
+from bcr_core.arena.run import make_arena_cell, run_arena
+from bcr_core.cli import main
+from bcr_core.engine.kv import KV
+from bcr_core.experiments.runner import make_cell, read_jsonl, run_cell
+from bcr_core.repair.selectors import CacheBlendSelector
+from tests.conftest import random_ids, record_differences
+
+# A 40-token prompt: an exact prefix [0, 10), then the question [10, 25) and the text after it
+# [25, 28), an agent's output [28, 35) and the text after it [35, 40); 39 cached rows.
+SPANS = [
+    {"name": "prefix", "start": 0, "stop": 10, "placeholder": False},
+    {"name": "user_question", "start": 10, "stop": 25, "placeholder": True},
+    {"name": "after:user_question", "start": 25, "stop": 28, "placeholder": False},
+    {"name": "agent_1_current", "start": 28, "stop": 35, "placeholder": True},
+    {"name": "after:agent_1_current", "start": 35, "stop": 40, "placeholder": False},
+]
+IDS = random_ids(40, seed=5)
+M = 39
+
+
+@pytest.fixture(scope="module")
+def assembled(tiny):
+    """The exact cache of IDS[:-1] and a copy whose predicted rows (10..38) carry a deviation that
+    grows with the row's distance from a few centres, keys and values both (layer 0 left exact)."""
+    exact = tiny.prefill(IDS[:-1])
+    generator = torch.Generator().manual_seed(1)
+    keys, values = exact.keys.clone(), exact.values.clone()
+    scale = torch.zeros(M)
+    scale[10:] = torch.rand(M - 10, generator=generator) + 0.05
+    noise = lambda t: torch.randn(t[1:].shape, generator=generator) * scale.view(1, 1, 1, M, 1)
+    keys[1:] += noise(keys)
+    values[1:] += noise(values)
+    return exact, KV(keys, values, exact.positions)
+
+
+def context(exact=None):
+    return CallContext(SPANS, (0, 0), exact)
+
+
+def ranked(scores: torch.Tensor) -> list[int]:
+    """Rows by descending score, ties to the earlier row (written out)."""
+    return sorted(range(len(scores)), key=lambda j: (-float(scores[j]), j))
+
+
+# -- each rule against its written-out version -------------------------------------------------
+def test_oracle_orders_rows_by_their_true_deviation(tiny, assembled):
+    exact, kv = assembled
+    truth = []
+    for j in range(M):  # sqrt(sum over layers, heads, dims of (K - K*)^2 + (V - V*)^2), in loops
+        total = 0.0
+        for layer in range(kv.num_layers):
+            for head in range(kv.keys.shape[2]):
+                total += float(((kv.keys[layer, 0, head, j] - exact.keys[layer, 0, head, j]) ** 2).sum())
+                total += float(((kv.values[layer, 0, head, j] - exact.values[layer, 0, head, j]) ** 2).sum())
+        truth.append(math.sqrt(total))
+    entry = make_entry("oracle")
+    scores = entry.rank(tiny, kv, IDS[:-1], IDS[-1], entry.candidates(M, SPANS), context(exact)).scores
+    assert ranked(scores) == ranked(torch.tensor(truth))
+    assert torch.allclose(scores.double(), torch.tensor(truth, dtype=torch.float64), rtol=1e-4, atol=1e-6)
+    assert float(scores[:10].max()) < 1e-4  # the exact prefix has no error
+    with pytest.raises(ValueError, match="reads the exact cache"):
+        entry.rank(tiny, kv, IDS[:-1], IDS[-1], entry.candidates(M, SPANS), context())
+
+
+def test_seams_take_every_segments_first_rows_in_turn(tiny, assembled):
+    _, kv = assembled
+    entry = make_entry("seams")
+    scores = entry.rank(tiny, kv, IDS[:-1], IDS[-1], torch.arange(M), context()).scores
+    # depth 0 of the four segments, then depth 1, ...; the last segment stops at row 38 (the cache's end)
+    assert spend(entry, scores, torch.arange(M), 4, 16) == [10, 25, 28, 35]
+    assert spend(entry, scores, torch.arange(M), 10, 16) == sorted([10, 25, 28, 35, 11, 26, 29, 36, 12, 27])
+    assert spend(entry, scores, torch.arange(M), 14, 16) == sorted(
+        [10, 25, 28, 35, 11, 26, 29, 36, 12, 27, 30, 37, 13, 31]  # the 3-row segment is used up at depth 3
+    )
+    everything = spend(entry, scores, torch.arange(M), 31, 16)
+    assert set(range(10, M)) <= set(everything) and set(everything) - set(range(10, M)) == {0, 1}
+
+
+def test_window_takes_the_same_share_of_every_segment_from_its_seam(tiny, assembled):
+    _, kv = assembled
+    entry = make_entry("window")
+    scores = entry.rank(tiny, kv, IDS[:-1], IDS[-1], torch.arange(M), context()).scores
+    segments = [(10, 25), (25, 28), (28, 35), (35, 39)]
+    predicted = sum(b - a for a, b in segments)
+    for count in (4, 9, 15, 29):
+        rows = set(spend(entry, scores, torch.arange(M), count, 16))
+        assert len(rows) == count
+        for a, b in segments:
+            mine = sorted(rows & set(range(a, b)))
+            assert mine == list(range(a, a + len(mine)))  # contiguous, right after the seam
+            assert abs(len(mine) - count * (b - a) / predicted) <= 1.0  # its share of the count
+
+
+def test_cacheblend_checks_the_layer_it_is_given(tiny):
+    exact = tiny.prefill(IDS[:-1])
+    values = exact.values.clone()
+    values[2, :, :, [12, 30]] += 0.7  # only layer 2 is wrong, on rows 12 and 30
+    kv = KV(exact.keys, values, exact.positions)
+    at = lambda layer: CacheBlendSelector(layer).rank(tiny, kv, IDS[:-1], IDS[-1]).scores
+    assert sorted(ranked(at(2))[:2]) == [12, 30]
+    assert float(at(1).max()) < 1e-4  # layer 1 is exact: CacheBlend's default sees nothing
+    assert make_entry("cacheblend:layer=2").label == "cacheblend:layer=2" and make_entry("cacheblend").label == (
+        "cacheblend"
+    )
+    with pytest.raises(ValueError, match="check layer must be >= 1"):
+        CacheBlendSelector(0)
+
+
+def test_question_fuses_the_trailing_tokens_attention_over_every_layer(tiny, assembled):
+    _, kv = assembled
+    start = 35  # the text after the last placeholder; with the final prompt token, five queries
+    trailing = IDS[start:]
+    cache = kv.truncate(start).to_cache(room=len(trailing))
+    with torch.inference_mode(), tiny.attention_implementation("eager"):  # Hugging Face's own kernel
+        out = tiny.model(
+            input_ids=torch.tensor([trailing]),
+            position_ids=torch.arange(start, 40)[None],
+            cache=cache,
+            use_cache=True,
+            output_attentions=True,
+        )
+    written = torch.zeros(M, dtype=torch.float64)
+    for weights in out.attentions:  # every layer; mean over queries and heads of the weight on row j
+        w = weights[0].double()
+        for j in range(M):
+            written[j] += float(w[:, :, j].mean())
+    entry = make_entry("question")
+    scores = entry.rank(tiny, kv, IDS[:-1], IDS[-1], torch.arange(M), context()).scores
+    assert torch.allclose(scores.double(), written, atol=1e-5)
+
+
+def test_ours_is_the_draft_score_times_cacheblends_deviation(tiny, assembled):
+    _, kv = assembled
+    entries = {e.label: e for e in make_entries("draft,cacheblend,ours")}
+    score = lambda name: entries[name].rank(tiny, kv, IDS[:-1], IDS[-1], torch.arange(M), context()).scores
+    assert torch.allclose(score("ours"), score("draft").cpu() * score("cacheblend").cpu())
+
+
+def test_counts_are_equal_across_selectors_and_rank_predicted_spends_no_exact_row(tiny, assembled):
+    exact, kv = assembled
+    dense = SimpleNamespace(served=(exact, IDS[-1]), output_tokens=tiny.generate(exact, IDS[-1], 4).tokens)
+    reference = DenseReference(tiny, dense, 4)
+    entries = make_entries(",".join(OPTIONS) + ",draft:rank=predicted", chunk=8, seeds=[0, 1])
+    result = run_call(tiny, ArenaCall(kv, IDS, SPANS, 16, (0, 0)), reference, entries, [0.1, 0.3], 8)
+    by_budget = {}
+    for e in result["entries"]:
+        by_budget.setdefault(e["budget"], set()).add(e["rows"])
+        if e["selector"] == "draft:rank=predicted":
+            assert e["rows_wasted"] == 0
+    assert by_budget == {PAIRED: {16}, "0.1": {round(0.1 * M)}, "0.3": {round(0.3 * M)}}
+    assert {e["selector"] for e in result["entries"]} == {e.label for e in entries}
+    assert result["cost"]["coin:seed=0"]["passes"] == 0 and result["cost"]["draft"]["passes"] == 2
+
+
+def test_at_full_budget_every_selector_reproduces_token_matched_dense(tiny, assembled):
+    exact, kv = assembled
+    tokens = tiny.generate(exact, IDS[-1], 6).tokens  # token-matched Dense: the exact cache of the same ids
+    assert tiny.generate(kv, IDS[-1], 6).tokens != tokens, "the deviation should change the output"
+    reference = DenseReference(tiny, SimpleNamespace(served=(exact, IDS[-1]), output_tokens=tokens), 6)
+    entries = make_entries(",".join(OPTIONS) + ",draft:rank=predicted", chunk=8)
+    result = run_call(tiny, ArenaCall(kv, IDS, SPANS, 0, (0, 0)), reference, entries, [1.0], 8)
+    full = [e for e in result["entries"] if e["budget"] == "1"]
+    assert len(full) == len(entries)
+    assert all(e["identical"] and e["first_token_agree"] and e["kl"] < 1e-6 for e in full)
+    for entry in entries:  # and the greedy decode itself, from each selector's full repair
+        candidates = entry.candidates(M, SPANS)
+        scores = entry.rank(tiny, kv, IDS[:-1], IDS[-1], candidates, context(exact)).scores
+        rows = spend(entry, scores, candidates, M, 8)
+        assert tiny.generate(tiny.repair(kv, IDS[:-1], rows), IDS[-1], 6).tokens == tokens, entry.label
+
+
+# -- the arena in a run ---------------------------------------------------------------------------
+ARENA = make_arena_cell(3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft")
+
+
+@pytest.fixture(scope="module")
+def arena_run(tiny_chat, tmp_path_factory):
+    """A three-item arena of the draft alone on the tiny chat model (items 0 and 1 warm the pool)."""
+    folder = tmp_path_factory.mktemp("arena")
+    run_arena(tiny_chat, ARENA, folder, progress=False)
+    return folder
+
+
+def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat, arena_run, tmp_path):
+    plain = make_cell("synthetic", 2, [ARENA.conditions[0]], 3, 4, item_seed=34, fidelity=True)
+    run_cell(tiny_chat, plain, tmp_path / "run", progress=False)
+    arena = read_jsonl(arena_run / "calls.jsonl")
+    recorded = read_jsonl(tmp_path / "run" / "calls.jsonl")
+    assert len(arena) == len(recorded)
+    compared = 0
+    for mine, theirs in zip(arena, recorded):
+        assert (mine["item_id"], mine["node"], mine["output_tokens"]) == (
+            theirs["item_id"],
+            theirs["node"],
+            theirs["output_tokens"],
+        )  # the arena leaves the run's serving unchanged
+        if theirs["mode"] != "reuse":
+            assert "arena" not in mine
+            continue
+        draft = next(e for e in mine["arena"]["entries"] if e["selector"] == "draft" and e["budget"] == PAIRED)
+        assert draft["rows"] == theirs["rows_recomputed"] and draft["rows_wasted"] == theirs["rows_wasted"]
+        assert draft["kl"] == pytest.approx(theirs["fidelity"]["kl"], rel=1e-3, abs=1e-7)
+        assert draft["first_token_agree"] == theirs["fidelity"]["first_token_agree"]
+        assert draft["identical"] == theirs["fidelity"]["identical"]
+        compared += 1
+    assert compared, "no call was served from an assembled cache"
+
+
+def test_an_arena_cut_short_resumes_to_the_same_records(tiny_chat, arena_run, tmp_path):
+    folder = tmp_path / "arena"
+    shutil.copytree(arena_run, folder)
+    arena, items = read_jsonl(folder / "calls.jsonl"), read_jsonl(folder / "items.jsonl")
+    before = (folder / "calls.jsonl").read_text()
+    run_arena(tiny_chat, ARENA, folder, progress=False)  # finished: nothing is redone
+    assert (folder / "calls.jsonl").read_text() == before
+    # cut after two items: the pool is replayed, the coins need no stream, the last item is redone alike
+    kept = [c for c in arena if c["item_id"] != arena[-1]["item_id"]]
+    (folder / "calls.jsonl").write_text("".join(json.dumps(c) + "\n" for c in kept))
+    (folder / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items[:-1]))
+    run_arena(tiny_chat, ARENA, folder, progress=False)
+    untimed = lambda c: (
+        {k: v for k, v in c.items() if k not in ("ttft_s", "total_s", "assembly_s", "arena")}
+        | {"arena": c.get("arena", {}).get("entries")}
+    )
+    resumed = [untimed(c) for c in read_jsonl(folder / "calls.jsonl")]
+    assert record_differences(resumed, [untimed(c) for c in arena]) == []
+
+
+# -- the measures ----------------------------------------------------------------------------------
+def fake_calls(kl: dict[str, list[float]]) -> list[dict]:
+    """One assembled call per item, at the paired budget and one sweep point, with the given KLs."""
+    calls, n = [], len(next(iter(kl.values())))
+    for i in range(n):
+        entries = [
+            {"selector": s, "budget": b, "rows": 8, "rows_wasted": 0, "kl": v[i] * (1 if b == PAIRED else 0.5)}
+            | {"first_token_agree": True, "identical": v[i] < 0.5}
+            for s, v in kl.items()
+            for b in (PAIRED, "0.4")
+        ]
+        cost = {s: {"passes": 0, "ms": 1.0} for s in kl}
+        arena = {"cached_rows": 40, "entries": entries, "cost": cost, "item_index": i, "items": n}
+        calls.append({"item_id": f"i{i}", "node": "agent_1", "arena": arena})
+    return calls
+
+
+def test_gap_share_and_coin_seeds_as_one_control():
+    kl = {"oracle": [0.1, 0.2, 0.1, 0.3], "coin:seed=0": [1.0, 1.2, 0.9, 1.1], "coin:seed=1": [0.8, 1.0, 1.1, 1.3]}
+    kl["draft"] = [0.55, 0.7, 0.6, 0.8]
+    frame = measures.arena_frame(fake_calls(kl))
+    table = measures.per_item(frame)
+    assert sorted(table.columns) == ["coin", "draft", "oracle"]
+    assert table["coin"].tolist() == pytest.approx([0.9, 1.1, 1.0, 1.2])
+    per, overall = measures.gap_share(frame)
+    assert per["draft"].tolist() == pytest.approx([(0.9 - 0.55) / 0.8, (1.1 - 0.7) / 0.9, 0.4 / 0.9, 0.4 / 0.9])
+    share = overall.set_index("selector").loc["draft", "gap_share"]
+    assert share == pytest.approx((1.05 - 0.6625) / (1.05 - 0.175))
+    assert overall.set_index("selector").loc["oracle", "gap_share"] == pytest.approx(1.0)
+    front = measures.frontier(frame)
+    assert set(front["rho"]) == {0.4} and front.set_index("selector").loc["draft", "kl_per_item"] == pytest.approx(
+        0.6625 / 2
+    )
+
+
+def test_verdicts_are_one_holm_family_and_ours_is_read_on_the_second_half():
+    n = 12
+    kl = {
+        "oracle": [0.1] * n,
+        "draft": [0.5 + 0.01 * i for i in range(n)],
+        "coin:seed=0": [1.0 + 0.02 * i for i in range(n)],
+        "ours": [0.9] * (n // 2) + [0.2] * (n // 2),
+    }
+    table = measures.verdicts(measures.arena_frame(fake_calls(kl)))
+    assert (table["p_holm"] >= table["p"] - 1e-12).all()
+    ours = table[table["claim"] == "ours beats draft"].iloc[0]
+    assert ours["n"] == n // 2 and ours["read_on"] == measures.HELD_OUT
+    assert ours["effect"] == pytest.approx(sum(0.5 + 0.01 * i for i in range(6, 12)) / 6 - 0.2)
+    assert table[table["claim"] == "draft beats coin"].iloc[0]["verdict"] == "holds"
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rho", "1.5"], "rho must lie in [0, 1], got 1.5"),
+        (["--rhos", "0.1,-0.2"], "rho must lie in [0, 1], got -0.2"),
+        (["--selectors", "draft,oracel"], "unknown selector 'oracel'; known: oracle, oracle-attn, draft"),
+        (["--selectors", "cacheblend:depth=2"], "selector 'cacheblend' takes no option 'depth=2'; its options"),
+        (["--selectors", "draft:rank=some"], "expected one of all, predicted"),
+        (["--selectors", "seams,seams"], "seams is listed more than once"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, args, message):
+    out = tmp_path / "arena"
+    assert main(["arena", "--n", "2", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_records_are_json_and_settings_are_the_folders_identity(tiny_chat, tmp_path):
+    cell = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="seams")
+    run_arena(tiny_chat, cell, tmp_path, progress=False)
+    settings = json.loads((tmp_path / "cell.json").read_text())
+    assert settings["selectors"] == ["seams"] and settings["rhos"] == [0.05, 0.1, 0.2, 0.4]
+    deep = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="cacheblend:layer=3")
+    with pytest.raises(ValueError, match="the model has 3 layers, so check layers 1 to 2"):
+        run_arena(tiny_chat, deep, tmp_path / "deep", progress=False)
+    assert not (tmp_path / "deep").exists()
+    other = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="window")
+    with pytest.raises(ValueError, match="holds a run with other settings"):
+        run_arena(tiny_chat, other, tmp_path, progress=False)
+
+
+@pytest.mark.notebooks
+@pytest.mark.real_model
+def test_notebook_11_runs_headless_in_smoke_mode(tmp_path):
+    out = tmp_path / "reports"
+    assert main(["notebooks", "--smoke", "--only", "11", "--out", str(out)]) == 0
+    nb = nbformat.read(out / "11_arena.ipynb", as_version=4)
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert "checks passed" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert "Plotly.newPlot" in (out / "11_arena.html").read_text()
