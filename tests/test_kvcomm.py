@@ -118,6 +118,23 @@ def test_eviction_drops_the_least_activated_of_the_oldest():
     assert [a.key for a in pool.anchors("user_question")][0] == (2,)  # tie: the oldest goes
 
 
+def test_eviction_finds_its_victim_among_anchors_of_the_same_segment():
+    """The same segment stored again for a node that already has it makes a second anchor with the
+    same key: eviction must drop the victim itself, not the first anchor equal to it (on Gemma 3 270M
+    the gate sweep crashed here, comparing two anchors' tensors)."""
+    config = KVCommConfig(max_anchors=3, eviction_window=3)
+    pool = AnchorPool(config)
+    values = [torch.full((2, 1, 1, 3, 2), float(i)) for i in range(4)]
+    for v in values[:3]:
+        pool.store("user_question", (7, 7, 7), fake_kv(v), "agent_1", Deviation(fake_kv(v), None))
+    first, second, third = pool.anchors("user_question")
+    first.activations, second.activations, third.activations = 2, 0, 1
+    pool.store("user_question", (7, 7, 7), fake_kv(values[3]), "agent_1", Deviation(fake_kv(values[3]), None))
+    kept = pool.anchors("user_question")
+    assert [a.serial for a in kept] == [first.serial, third.serial, third.serial + 1]
+    assert all(a is not second for a in kept)
+
+
 def test_config_rejects_out_of_range_values():
     with pytest.raises(ValueError, match="gamma"):
         KVCommConfig(gamma=1.5)

@@ -50,7 +50,7 @@ class Deviation:
     after: KV | None
 
 
-@dataclass
+@dataclass(eq=False)  # an anchor is itself, not its contents: two of the same segment are two anchors
 class Anchor:
     key: tuple[int, ...]  # the segment's token ids
     length: int
