@@ -459,7 +459,7 @@ def run_cell(
         pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
         servers = {c: make_server(bb, c) for c in cell.conditions}
         files.settle()
-        stateful = {c for c, server in servers.items() if not getattr(server, "stateless", False)}
+        stateful = {c for c, server in servers.items() if not server.stateless}
         done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
         share_segment_caches(bb, servers.values())
         reference = SharedReference(bb) if cell.fidelity else None
@@ -473,7 +473,7 @@ def run_cell(
             for condition, server in servers.items():
                 if (condition, item_id) in done:  # a stateful condition's finished items are a prefix
                     for call in done_calls.get((condition, item_id), []):
-                        getattr(server, "replay", lambda call: None)(call)
+                        server.replay(call)
                 else:
                     question = benchmarks.question_text(cell.benchmark, item)
                     units.append(
@@ -488,7 +488,7 @@ def run_cell(
 
         def may_start(unit: Unit, running: list[Unit]) -> bool:
             condition = unit.key[0]
-            return getattr(servers[condition], "stateless", False) or all(r.key[0] != condition for r in running)
+            return servers[condition].stateless or all(r.key[0] != condition for r in running)
 
         def finished(unit: Unit, request) -> None:
             condition, index = unit.key

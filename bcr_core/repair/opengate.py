@@ -16,13 +16,11 @@ import torch
 from bcr_core import paper
 from bcr_core.engine.kv import KV
 from bcr_core.reuse.anchors import KVCommConfig
-from bcr_core.reuse.calls import Decode, Served
+from bcr_core.reuse.calls import Decode, Refused, Served
 from bcr_core.reuse.servers import KVCommServer
 
 
 class OpenGateServer(KVCommServer):
-    refusal = "low_confidence"
-
     def __init__(
         self,
         bb,
@@ -41,7 +39,7 @@ class OpenGateServer(KVCommServer):
         draft = yield Decode(kv, ids[-1], steps, keep_logits=True)
         confidence = float(torch.stack(draft.logits).softmax(-1).amax(-1).mean())
         if confidence < self.theta:
-            return None
+            return Refused("low_confidence")
         tokens = list(draft.tokens)
         if not draft.stopped and len(tokens) < max_new_tokens:
             cache = draft.cache  # rows: the prompt's last token and all drafted tokens but the last
