@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from bcr_core import paper
 from bcr_core.agents.call_policies import RandomAllocationServer, protect_leaf, protect_root
+from bcr_core.errors import UsageError
 from bcr_core.repair.bcr import BCRServer, MatchedBudget
 from bcr_core.repair.layouts import RANKS, SKIP_RULES, LayoutConfig, layout
 from bcr_core.repair.opengate import OpenGateServer
@@ -39,12 +40,12 @@ class Option:
     def read(self, key: str, raw: str):
         if self.kind is str:
             if raw not in self.choices:
-                raise ValueError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
+                raise UsageError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
             return raw
         try:
             return self.kind(raw)
         except ValueError:
-            raise ValueError(
+            raise UsageError(
                 f"option {key}={raw}: expected {'an integer' if self.kind is int else 'a number'}"
             ) from None
 
@@ -115,24 +116,24 @@ def parse(spec: str) -> Condition:
     head, _, tail = spec.strip().partition(":")
     name, _, value = head.partition("@")
     if name not in REGISTRY:
-        raise ValueError(f"unknown condition {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(REGISTRY))}")
     try:
         number = float(value) if value else None
     except ValueError:
-        raise ValueError(f"cannot read condition {spec!r}: expected name[@number][:key=value,...]") from None
+        raise UsageError(f"cannot read condition {spec!r}: expected name[@number][:key=value,...]") from None
     takes = OPTIONS[name]
     options = {}
     for pair in filter(None, (p.strip() for p in tail.split(","))):
         key, eq, raw = (part.strip() for part in pair.partition("="))
         if not eq or not raw:
-            raise ValueError(f"cannot read condition {spec!r}: option {pair!r} is not key=value")
+            raise UsageError(f"cannot read condition {spec!r}: option {pair!r} is not key=value")
         if key not in takes:
             offered = ", ".join(sorted(takes)) or "none"
-            raise ValueError(f"condition {name!r} takes no option {key!r} (in {spec!r}); its options: {offered}")
+            raise UsageError(f"condition {name!r} takes no option {key!r} (in {spec!r}); its options: {offered}")
         try:
             options[key] = takes[key].read(key, raw)
         except ValueError as error:
-            raise ValueError(f"condition {spec!r}: {error}") from None
+            raise UsageError(f"condition {spec!r}: {error}") from None
     return Condition(name, number, options)
 
 
@@ -222,7 +223,7 @@ def _coin(c: Condition) -> CoinSelector:
 
 def _cacheblend_reuse(bb, c: Condition):
     if c.value is None:
-        raise ValueError(
+        raise UsageError(
             "cacheblend-reuse needs the paired BCR-chunk reuse rate r: write cacheblend-reuse@r "
             "(it recomputes rho_CB = 1 - r of the rows)"
         )

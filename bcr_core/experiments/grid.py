@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import tomllib
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import pandas as pd
 from bcr_core.agents.graph import full_connected
 from bcr_core.data.benchmarks import NAMES as BENCHMARKS
 from bcr_core.engine.models import CONFIG_PREFIX, DEFAULT_MODEL
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import parse, split_conditions
 from bcr_core.experiments.runner import Cell, check_folder, make_cell, read_items, run_cell
 from bcr_core.experiments.summary import summarize
@@ -37,7 +39,7 @@ from bcr_core.paths import utf8_text
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
 
 
-class GridError(ValueError):
+class GridError(UsageError):
     """A grid file that cannot run; the message names the file and the key."""
 
 
@@ -175,7 +177,7 @@ def check_value(path: Path, key: str, kind: str, value):
         for spec in value:
             try:
                 parse(spec)
-            except ValueError as err:
+            except UsageError as err:
                 raise GridError(f"{path}: {key}: {err}") from None
     if key.endswith(".benchmark") and value not in BENCHMARKS:
         raise GridError(f"{path}: {key}: unknown benchmark {shown(value)}; known: {', '.join(BENCHMARKS)}")
@@ -192,7 +194,7 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
             raise GridError(f"{path}: {where}.{key}: missing; set it in [defaults] or in [{where}]")
     try:
         full_connected(settings["benchmark"], settings["agents"], settings["pinned"])
-    except ValueError as err:
+    except UsageError as err:
         raise GridError(f"{path}: {origin('pinned' if 'role' in str(err) else 'agents')}: {err}") from None
     conditions = settings["conditions"]
     if settings["seeds"] and not any(c.startswith("coin-") for c in conditions):
@@ -214,7 +216,7 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
             settings["item_seed"],
             settings["fidelity"],
         )
-    except ValueError as err:
+    except UsageError as err:
         key = "reference" if "--reference" in str(err) else "conditions"
         raise GridError(f"{path}: {origin(key)}: {str(err).replace('--reference ', 'reference ')}") from None
     return GridCell(name, cell, settings["batch"], absolute_model(settings["model"]))
@@ -315,7 +317,7 @@ def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
         try:
             check_folder(Path(out) / g.name, g.cell)
             finished = is_finished(g, out)  # its records are read, and checked, here
-        except ValueError as err:
+        except UsageError as err:
             raise GridError(f"cell {g.name}: {err}") from None
         if not finished:
             todo.append(g)
@@ -334,11 +336,19 @@ def run_in_process(grid: list[GridCell], out: Path, progress: bool = True) -> li
     for g in todo:
         try:
             run_grid_cell(g, str(out), progress=progress, on_item=lambda: overall.update(1))
-        except ValueError as err:  # ModelError and AssetError are ValueErrors: the cell cannot run, the rest can
-            print(f"bcr grid: cell {g.name} failed: {err}", file=sys.stderr)
+        except Exception as err:  # the cell cannot run (a usage error) or hit a bug: it fails, the rest run
+            print(f"bcr grid: cell {g.name} failed: {failure(err)}", file=sys.stderr, flush=True)
             failed.append(g.name)
     overall.close()
     return failed
+
+
+def failure(err: BaseException) -> str:
+    """A failed cell's reason for its log: a usage error's one line, or a bug's whole traceback."""
+    if isinstance(err, UsageError):
+        return str(err)
+    trace = "".join(traceback.format_exception(err)).rstrip()
+    return f"internal error (a bug, not a setting to fix): {type(err).__name__}: {err}\n{trace}"
 
 
 def lock_holder(folder: Path) -> str | None:

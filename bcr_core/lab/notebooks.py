@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bcr_core.errors import UsageError
 from bcr_core.paths import NOTEBOOKS
 
 KERNEL = "bcr-lab"
@@ -29,7 +30,7 @@ NOTEBOOK_DIR = NOTEBOOKS
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class NotebookError(RuntimeError):
+class NotebookError(UsageError):
     """A notebook could not be run (missing kernel, unknown notebook or parameter)."""
 
 

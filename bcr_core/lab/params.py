@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bcr_core.data.benchmarks import NAMES
+from bcr_core.errors import UsageError
 
 
-class ParameterError(TypeError):
+class ParameterError(UsageError, TypeError):
     """A notebook parameter of the wrong type or out of range; the message says which and why."""
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import REPAIR_LAYOUTS, layout_config, parse, value_of
 from bcr_core.experiments.stats import SPLIT, line_residuals, paired_split, paired_table, wilson_ci
 from bcr_core.experiments.summary import paired_only, with_agreement
@@ -129,7 +130,7 @@ def line_table(table: pd.DataFrame, dense: str, endpoint: str, value: str = "acc
     by = table.set_index("condition")
     rate = float(by.loc[endpoint, "reuse_rate"])
     if rate <= 0:
-        raise ValueError(
+        raise UsageError(
             f"{endpoint} reused no call, so Equation 3's line through it is undefined: "
             "run more items (the anchor pool warms up) or raise gamma"
         )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from bcr_core import paper
+from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import RANKS, Layout, check_rho
 from bcr_core.repair.selectors import Selector
 from bcr_core.reuse.anchors import KVCommConfig
@@ -59,7 +60,7 @@ class BCRServer(KVCommServer):
         super().__init__(bb, config, name)
         check_rho(rho)
         if rank not in RANKS:
-            raise ValueError(f"rank must be one of {', '.join(RANKS)}; got {rank!r}")
+            raise UsageError(f"rank must be one of {', '.join(RANKS)}; got {rank!r}")
         self.selector, self.layout, self.rho, self.rank, self.match = selector, layout, rho, rank, match
 
     def candidates(self, m: int, spans: list[dict]) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 
 from bcr_core import paper
 from bcr_core.engine.kv import KV
+from bcr_core.errors import UsageError
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.calls import Decode, Refused, Served
 from bcr_core.reuse.servers import KVCommServer
@@ -31,7 +32,7 @@ class OpenGateServer(KVCommServer):
     ):
         super().__init__(bb, config, name)
         if not 0.0 <= theta <= 1.0:
-            raise ValueError(f"OpenGate's theta must lie in [0, 1], got {theta}")
+            raise UsageError(f"OpenGate's theta must lie in [0, 1], got {theta}")
         self.theta, self.k = theta, k
 
     def serve_assembled(self, kv, ids, max_new_tokens, started, spans):

@@ -25,6 +25,7 @@ import torch
 
 from bcr_core import paper
 from bcr_core.engine.backbone import Draft
+from bcr_core.errors import UsageError
 from bcr_core.repair.row_scores import row_scores
 
 
@@ -65,7 +66,7 @@ class CoinSelector(Selector):
 
     def __init__(self, seed: int = 0, unit: int = 1):
         if unit < 1:
-            raise ValueError(f"the coin's unit must be >= 1 row, got {unit}")
+            raise UsageError(f"the coin's unit must be >= 1 row, got {unit}")
         self.seed, self.unit = seed, unit
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
