@@ -62,8 +62,11 @@ def test_every_kind_of_user_mistake_shares_the_root_and_stays_a_value_error():
     "argv, message",
     [
         (["run", "--benchmark", "synthetic", "--conditions", "nope", "--n", "1"], "unknown condition 'nope'"),
-        (["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "0"], "--n must be >= 1"),
-        (["run", "--benchmark", "synthetic", "--agents", "9", "--conditions", "dense", "--n", "1"], "agent count"),
+        (["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "0"], "--n: expected int >= 1, got 0"),
+        (
+            ["run", "--benchmark", "synthetic", "--agents", "9", "--conditions", "dense", "--n", "1"],
+            "--agents: expected int in [2, 5], got 9",
+        ),
         (["ttft", "--samples", "0"], "--samples must be >= 1"),
         (["notebooks", "--only", "no-such-notebook"], "no notebook matches"),
     ],

@@ -51,14 +51,14 @@ def test_check_accepts_and_normalises():
 @pytest.mark.parametrize(
     "name, value, expected, given",
     [
-        ("n", "3", "expects int", "got str '3'"),
-        ("n", True, "expects int", "got bool True"),
-        ("n", 2.0, "expects int", "got float 2.0"),
-        ("rho", "0.2", "expects float", "got str '0.2'"),
-        ("smoke", 1, "expects bool", "got int 1"),
-        ("gammas", [0.3, "1"], "expects list of float", "got list"),
-        ("seeds", 0, "expects list of int", "got int 0"),
-        ("benchmark", 5, "expects str", "got int 5"),
+        ("n", "3", "expected int", "got str '3'"),
+        ("n", True, "expected int", "got bool True"),
+        ("n", 2.0, "expected int", "got float 2.0"),
+        ("rho", "0.2", "expected float", "got str '0.2'"),
+        ("smoke", 1, "expected bool", "got int 1"),
+        ("gammas", [0.3, "1"], "expected list of float", "got list"),
+        ("seeds", 0, "expected list of int", "got int 0"),
+        ("benchmark", 5, "expected str", "got int 5"),
     ],
 )
 def test_wrong_type_names_parameter_expected_and_given(name, value, expected, given):
@@ -171,7 +171,7 @@ def test_wrong_parameter_type_stops_the_notebook_with_one_clear_line(tmp_path, c
     err = capsys.readouterr().err
     assert code == 1
     assert "03_unit_of_choice.ipynb failed at cell 3 of" in err
-    assert "ParameterError: parameter 'segment_tokens' expects int >= 8, got str '2048'" in err
+    assert "ParameterError: parameter 'segment_tokens': expected int >= 8, got str '2048'" in err
     message = err[err.index("03_unit_of_choice.ipynb failed") :]
     assert "Traceback" not in message and "unit_curve.py" not in message
 
@@ -289,7 +289,7 @@ def test_explorer_figure_holds_plain_lists_and_keeps_its_highlight_colour(tiny_c
 def test_readable_tables_and_a_too_small_n_are_caught_up_front():
     table = lab.readable(pd.DataFrame({"answer": ["one\n\ntwo", None], "n": [1, 2]}))
     assert table["answer"].tolist()[0] == "one ⏎  ⏎ two" and table["n"].tolist() == [1, 2]
-    with pytest.raises(params.ParameterError, match="parameter 'n' is 2, but .*raise n to at least 3"):
+    with pytest.raises(params.ParameterError, match="parameter 'n': got 2, but .*raise n to at least 3"):
         params.check(n=2).at_least("n", 3, "the pool needs two items")
     for name in ("00_quickstart", "09_attention_explorer"):
         check = [c for c in nbformat.read(notebook_paths([name])[0], as_version=4).cells if c.cell_type == "code"][1]

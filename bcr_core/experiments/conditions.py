@@ -26,59 +26,48 @@ from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
+from bcr_core.settings import Float, Int, Kind, SettingError, Str, check_setting
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option a condition takes: its default and the values it accepts."""
+    """One option a condition takes: the kind of value it accepts (`bcr_core.settings`) and its default."""
 
-    kind: type  # int, float or str
+    kind: Kind
     default: object
-    choices: tuple = ()  # for str options: the accepted values
     about: str = ""
 
     def read(self, key: str, raw: str):
-        if self.kind is str:
-            if raw not in self.choices:
-                raise UsageError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
-            return raw
-        try:
-            return self.kind(raw)
-        except ValueError:
-            raise UsageError(
-                f"option {key}={raw}: expected {'an integer' if self.kind is int else 'a number'}"
-            ) from None
+        """The option's value from its text, checked by the one validator (`settings.check_setting`)."""
+        return check_setting(key, self.kind.from_text(raw), self.kind, label=f"option {key}")
 
 
-GATE = {"gamma": Option(float, KVCommConfig.gamma, about="KVComm's entropy gate (Equation 2)")}
-SEED = {"seed": Option(int, 0, about="the coin's stream")}
+GATE = {"gamma": Option(Float(0.0, 1.0), KVCommConfig.gamma, "KVComm's entropy gate (Equation 2)")}
+SEED = {"seed": Option(Int(), 0, "the coin's stream")}
 REPAIR = {
-    "chunk": Option(int, LayoutConfig.chunk, about="B: the chunk layout's unit and the skip rule's B (App. B)"),
+    "chunk": Option(Int(1), LayoutConfig.chunk, "B: the chunk layout's unit and the skip rule's B (App. B)"),
     "skip": Option(
-        str,
+        Str(SKIP_RULES),
         LayoutConfig.skip,
-        SKIP_RULES,
         "alg1: Algorithm 1's skip rule (M < 2B or rho M < B) on "
         "every layout; off: repair whenever the budget buys a row",
     ),
     "rank": Option(
-        str,
+        Str(RANKS),
         "all",
-        RANKS,
         "all: rank every cached row (the paper); predicted: only rows KVComm "
         "predicted, the budget still counting the whole cache",
     ),
 }
 MATCH = {
     "match": Option(
-        str,
+        Str(("none", "bcr-chunk", "bcr-grow", "bcr-single")),
         "none",
-        ("none", "bcr-chunk", "bcr-grow", "bcr-single"),
         "none: the layout's own budget; bcr-...: on each call exactly the rows that BCR condition "
         "(same rho, chunk, rank) recomputes on the same cache (App. D's row for row)",
     )
 }
-GROW = {"tau": Option(float, LayoutConfig.tau), "span_cap": Option(int, LayoutConfig.span_cap)}
+GROW = {"tau": Option(Float(0.0, 1.0), LayoutConfig.tau), "span_cap": Option(Int(1), LayoutConfig.span_cap)}
 
 
 @dataclass(frozen=True)
@@ -132,7 +121,7 @@ def parse(spec: str) -> Condition:
             raise UsageError(f"condition {name!r} takes no option {key!r} (in {spec!r}); its options: {offered}")
         try:
             options[key] = takes[key].read(key, raw)
-        except ValueError as error:
+        except SettingError as error:
             raise UsageError(f"condition {spec!r}: {error}") from None
     return Condition(name, number, options)
 

@@ -30,6 +30,7 @@ from bcr_core.experiments.lanes import Unit, run_lanes
 from bcr_core.paths import utf8_text, written_whole
 from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
+from bcr_core.settings import RUN, SettingError, check_run, check_setting
 
 
 @dataclass(frozen=True)
@@ -46,33 +47,35 @@ class Cell:
     fidelity: bool = False  # also serve every call densely and record its in-situ fidelity (about 2x the work)
 
     def __post_init__(self):
-        if self.n < 1:
-            raise UsageError(f"--n must be >= 1, got {self.n}")
+        check_setting("n", self.n, RUN["n"].kind)
         parsed = [parse(c) for c in self.conditions]
         seen: dict[tuple, str] = {}
         for c in parsed:
             if c.settings in seen:
-                raise UsageError(
-                    f"conditions {seen[c.settings]} and {c.label} repeat one run (the same settings); list it once"
+                raise SettingError(
+                    "conditions",
+                    f"{seen[c.settings]} and {c.label} repeat one run (the same settings); list it once",
                 )
             seen[c.settings] = c.label
         for c in parsed:
             check_value(c)
         object.__setattr__(self, "conditions", tuple(c.label for c in parsed))
         if self.reference is not None and parse(self.reference).settings not in seen:
-            raise UsageError(f"--reference {self.reference} is not among the conditions: {', '.join(self.conditions)}")
+            raise SettingError(
+                "reference", f"{self.reference} is not among the conditions: {', '.join(self.conditions)}"
+            )
 
 
 def check_value(c: Condition) -> None:
-    """Refuse a condition value no server can take, naming it (before any folder is touched)."""
+    """Refuse a condition value no server can take, naming it (before any folder is touched); the
+    error is about the `conditions` setting and reads `condition LABEL: why`."""
+    refuse = lambda why: SettingError("conditions", why, label=f"condition {c.label}")  # noqa: E731
     if c.name == "cacheblend-reuse" and c.value is not None and not 0.0 <= c.value <= 1.0:
-        raise UsageError(f"condition {c.label}: r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
+        raise refuse(f"r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
     if c.name in REPAIRS and c.value is not None and not 0.0 <= c.value <= 1.0:
-        raise UsageError(f"condition {c.label}: rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
+        raise refuse(f"rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
     if "seed" in OPTIONS[c.name] and c.option("seed") < 0:
-        raise UsageError(
-            f"condition {c.label}: option seed is a coin stream's seed, at least 0; got {c.option('seed')}"
-        )
+        raise refuse(f"option seed is a coin stream's seed, at least 0; got {c.option('seed')}")
 
 
 def make_cell(
@@ -89,10 +92,15 @@ def make_cell(
     fidelity: bool = False,
 ) -> Cell:
     """The cell `bcr run` runs for these settings (each cell of `bcr grid` too): coin conditions
-    without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`."""
+    without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`.
+    Every setting is checked first by the one validator (`settings.check_run`): an error names its key."""
+    given = dict(benchmark=benchmark, agents=agents, conditions=conditions, n=n, max_new_tokens=max_new_tokens)
+    given |= dict(pinned=pinned, model=model, reference=reference, seeds=seeds, item_seed=item_seed, fidelity=fidelity)
+    checked = check_run(given)
+    conditions, seeds = checked["conditions"], checked["seeds"]
     if seeds and not any(c.startswith("coin-") for c in conditions):
-        raise UsageError(
-            "--seeds runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
+        raise SettingError(
+            "seeds", "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
         )
     extra = {"seed": item_seed} if benchmark == "synthetic" else {}
     return Cell(
