@@ -113,11 +113,29 @@ def test_every_notebook_is_stored_clean_with_parameters_then_check():
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name} has outputs"
         assert code[0].metadata.get("tags") == ["parameters"], path.name
-        assert "params.check(" in code[1].source, f"{path.name}: the cell after parameters must check them"
+        assert "params.from_cell(globals())" in code[1].source, (
+            f"{path.name}: the cell after parameters must check them"
+        )
         declared = [line.split("=")[0].strip() for line in code[0].source.splitlines() if "=" in line]
-        assert all(f"{name}={name}" in code[1].source for name in declared), f"{path.name} leaves a parameter unchecked"
+        assert set(declared) <= set(params.SCHEMA), f"{path.name} declares a parameter from_cell would not check"
         assert "smoke" in declared and "assert" in code[-1].source, path.name
         assert nb.metadata["kernelspec"]["name"] == "bcr-lab"
+
+
+def test_each_parameter_cell_checks_exactly_what_its_notebook_declares():
+    """The parameters cell, then the check cell, run as a kernel would: P holds every declared
+    name with its declared value (smoke off), and nothing else the namespace holds."""
+    for path in notebook_paths():
+        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        namespace = {"__name__": "__main__", "In": [], "Out": {}, "_": None}
+        exec(code[0].source, namespace)
+        declared = {k: v for k, v in namespace.items() if k not in ("__name__", "In", "Out", "_", "__builtins__")}
+        exec(code[1].source, namespace)
+        assert namespace["P"].as_dict() == declared, path.name
+        later = next(name for name in params.SCHEMA if name not in declared)
+        namespace[later] = {"a later cell's": "variable"}  # run again after later cells: the same parameters
+        exec(code[1].source, namespace)
+        assert namespace["P"].as_dict() == declared, path.name
 
 
 def test_unknown_notebook_or_parameter_is_a_clear_error(tmp_path, capsys):

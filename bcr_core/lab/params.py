@@ -1,9 +1,9 @@
 """Checking a notebook's parameters before any work starts.
 
 Every notebook opens with a papermill `parameters` cell (plain assignments a user or papermill
-overrides) and then a cell that hands them to `check`:
+overrides) and then a cell that hands them all to `check`, through `from_cell`:
 
-    P = params.check(model=model, benchmark=benchmark, n=n, smoke=smoke, ...)
+    P = params.from_cell(globals()).smoke(...)
 
 `check` knows every parameter name the lab's notebooks use (`SCHEMA`) and raises
 `ParameterError` on the first value of the wrong type or out of range, naming the parameter,
@@ -169,6 +169,18 @@ class Params:
             for k, v in self._values.items()
         )
         return f"<table><tr><th>parameter</th><th>value</th><th></th></tr>{rows}</table>"
+
+
+CELL_NAMES = "__bcr_parameter_names__"  # where `from_cell` keeps the names it found, in the namespace
+
+
+def from_cell(namespace: dict) -> Params:
+    """`check` of the parameters a notebook's parameters cell bound in `namespace` (the notebook's
+    `globals()`): every name SCHEMA declares that is bound there, in the cell's order. The names are
+    fixed on the first call in a kernel, so when the cell is run again after later cells, a later
+    variable that happens to share a parameter's name is not taken for one."""
+    names = namespace.setdefault(CELL_NAMES, [name for name in namespace if name in SCHEMA])
+    return check(**{name: namespace[name] for name in names})
 
 
 def check(**values) -> Params:
