@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from bcr_core import paper
-from bcr_core.engine.assets import AssetError
-from bcr_core.engine.models import DEFAULT_MODEL, ModelError
+from bcr_core.engine.models import DEFAULT_MODEL
+from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
 
 
@@ -75,7 +75,7 @@ def cmd_demo(args) -> int:
     from bcr_core.experiments.demo import demo
 
     if args.new_tokens < 1:
-        raise ValueError(f"--new-tokens must be at least 1, got {args.new_tokens}")
+        raise UsageError(f"--new-tokens must be at least 1, got {args.new_tokens}")
     table = demo(load_backbone(args.model), prompt=args.prompt, new_tokens=args.new_tokens)
     with pd.option_context("display.max_colwidth", 70):
         return print_table(table, args)
@@ -162,7 +162,7 @@ def cmd_unit_curve(args) -> int:
     )
 
     if args.seeds < 1:
-        raise ValueError(f"--seeds is how many random selections to compare with, at least 1; got {args.seeds}")
+        raise UsageError(f"--seeds is how many random selections to compare with, at least 1; got {args.seeds}")
     config = UnitCurveConfig(
         args.segment_tokens,
         args.budget,
@@ -220,7 +220,7 @@ def read_parameters(pairs: list[str]) -> dict:
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"-p takes NAME=VALUE, got {pair!r}")
+            raise UsageError(f"-p takes NAME=VALUE, got {pair!r}")
         try:
             parameters[name.strip()] = json.loads(raw)
         except json.JSONDecodeError:
@@ -252,7 +252,7 @@ def cmd_explore(args) -> int:
         try:
             server = app.start(prepared.notebook, args.port, explicit=prepared.explicit)
         except RuntimeError as err:
-            raise ValueError(f"voila did not start: {err}") from None
+            raise UsageError(f"voila did not start: {err}") from None
         print(
             json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"explorer: {url}\n{source}"
         )
@@ -275,12 +275,12 @@ def split_list(text: str, kind, option: str | None = None):
     try:
         values = [kind(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"cannot read {text!r} as a comma-separated list of {kind.__name__}") from None
+        raise UsageError(f"cannot read {text!r} as a comma-separated list of {kind.__name__}") from None
     if option and not values:
-        raise ValueError(f"{option} is empty; give a comma-separated list of {ITEMS[kind]}")
+        raise UsageError(f"{option} is empty; give a comma-separated list of {ITEMS[kind]}")
     twice = sorted({v for v in values if values.count(v) > 1})
     if option and twice:
-        raise ValueError(f"{option} lists {', '.join(map(str, twice))} more than once; give each value once")
+        raise UsageError(f"{option} lists {', '.join(map(str, twice))} more than once; give each value once")
     return values
 
 
@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ModelError, ValueError, AssetError) as err:
+    except UsageError as err:  # a mistake the user can fix: one line; anything else is a bug and keeps its traceback
         print(f"bcr {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # a run's interruption says what it kept (runner.Interrupted)

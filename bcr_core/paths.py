@@ -5,6 +5,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bcr_core.errors import UsageError
+
 CHECKOUT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = CHECKOUT / "notebooks"
 DATA = CHECKOUT / "data"
@@ -32,4 +34,4 @@ def utf8_text(path: Path, expected: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         gzipped = ", it is gzip'd" if raw[:2] == b"\x1f\x8b" else ""
-        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}{gzipped}); expected {expected}") from None
+        raise UsageError(f"{path} is not UTF-8 text (byte {err.start}{gzipped}); expected {expected}") from None

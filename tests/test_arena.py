@@ -304,7 +304,7 @@ def test_verdicts_are_one_holm_family_and_ours_is_read_on_the_second_half():
         (["--rhos", "0.1,-0.2"], "rho must lie in [0, 1], got -0.2"),
         (["--selectors", "draft,oracel"], "unknown selector 'oracel'; known: oracle, oracle-attn, draft"),
         (["--selectors", "cacheblend:depth=2"], "selector 'cacheblend' takes no option 'depth=2'; its options"),
-        (["--selectors", "draft:rank=some"], "expected one of all, predicted"),
+        (["--selectors", "draft:rank=some"], "option rank: expected str (one of 'all', 'predicted'), got 'some'"),
         (["--selectors", "seams,seams"], "seams is listed more than once"),
     ],
 )

@@ -209,3 +209,50 @@ def test_a_kvcomm_trace_drafts_once_on_the_unrepaired_cache(tiny_chat):
     assert call.trace.scores is None and call.trace.rows == [] and len(call.trace.draft.tokens) == 2
     alone = tiny_chat.draft(call.trace.assembled, call.merged_ids[-1])
     assert alone.tokens == call.trace.draft.tokens and torch.equal(alone.attention, call.trace.draft.attention)
+
+
+def test_a_server_or_selector_missing_its_required_method_fails_when_built():
+    """The protocols name what a server and a selector must define; leaving it out is refused at
+    construction, with the method's name, not on the first call that needs it."""
+    from bcr_core.repair.bcr import BCRServer
+    from bcr_core.repair.layouts import layout
+    from bcr_core.repair.selectors import Selector
+    from bcr_core.reuse.calls import Server
+
+    class NoSteps(Server):
+        name = "no-steps"
+
+    class NoRank(Selector):
+        name = "no-rank"
+
+    with pytest.raises(TypeError, match="steps"):
+        NoSteps()
+    with pytest.raises(TypeError, match="rank"):
+        NoRank()
+
+    class DuckSelector:  # ranks, but does not declare itself a Selector
+        def rank(self, bb, kv, ids, last_id, rows=None): ...
+
+    with pytest.raises(TypeError, match="Selector"):
+        BCRServer(None, DuckSelector(), layout("single"))
+
+
+def test_a_refusal_sends_the_call_dense_with_its_reason_and_activates_nothing(tiny_chat):
+    """`serve_assembled` returning Refused(reason): the call is prefilled densely, its record carries
+    that reason, and the anchors the gate chose are not activated."""
+    from bcr_core.reuse.calls import Refused
+
+    class Refuser(KVCommServer):
+        def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
+            return Refused("declined")
+            yield  # a generator, as every serve_assembled is
+
+    refuser = Refuser(tiny_chat, KVCommConfig(gamma=1.0))
+    calls = [c for r in run(tiny_chat, refuser, QUESTIONS, tokens=4) for c in r.calls]
+    assert all(c.mode == "dense" for c in calls)
+    # declined exactly where every placeholder passed the gate; elsewhere the gate's own reason
+    for c in calls:
+        passed = bool(c.decisions) and all(d["reason"] == "reuse" for d in c.decisions)
+        assert (c.reason == "declined") == passed
+    assert any(c.reason == "declined" for c in calls)
+    assert all(a.activations == 0 for pool in refuser.pool.pools.values() for a in pool)

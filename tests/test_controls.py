@@ -144,7 +144,7 @@ def test_unknown_and_repeated_condition_options_are_refused():
         parse("bcr-chunk:chunks=16")
     with pytest.raises(ValueError, match=r"takes no option 'rho'"):
         parse("bcr-chunk:rho=1.0")
-    with pytest.raises(ValueError, match=r"rank=everything: expected one of all, predicted"):
+    with pytest.raises(ValueError, match=r"option rank: expected str \(one of 'all', 'predicted'\), got 'everything'"):
         parse("coin-chunk:rank=everything")
     with pytest.raises(ValueError, match="repeat one run"):
         Cell("synthetic", 2, ("bcr-chunk", "bcr-chunk@0.2"), 3)

@@ -105,14 +105,14 @@ def test_explore_check_says_what_it_reads(capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-p", "n=two"], "parameter 'n' expects int >= 1, got str 'two'"),
-        (["-p", "rho=1.5"], "parameter 'rho' expects float"),
+        (["-p", "n=two"], "parameter 'n': expected int >= 1, got str 'two'"),
+        (["-p", "rho=1.5"], "parameter 'rho': expected float"),
         (["-p", "layers=3"], "notebook 09 has no parameter 'layers' to set"),
         (["-p", "results=/tmp"], "notebook 09 has no parameter 'results' to set (results folders are --results)"),
         (["-p", "n"], "-p takes NAME=VALUE, got 'n'"),
         (["--port", "70000"], "--port must be in 1-65535, got 70000"),
         (["--results", "/nonexistent/folder"], "--results /nonexistent/folder is not a folder"),
-        (["-p", "n=2"], "parameter 'n' is 2, but KVComm serves no call from an assembled cache until two earlier"),
+        (["-p", "n=2"], "parameter 'n': got 2, but KVComm serves no call from an assembled cache until two earlier"),
     ],
 )
 def test_explore_bad_arguments_are_one_line_errors(args, message, capsys):

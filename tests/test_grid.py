@@ -115,17 +115,21 @@ BASE = '[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n'
 @pytest.mark.parametrize(
     "text, message",
     [
-        (BASE + '[cells.gsm8k_3]\nagents = "three"\n', 'cells.gsm8k_3.agents: expected an integer, got "three"'),
+        (BASE + '[cells.gsm8k_3]\nagents = "three"\n', "cells.gsm8k_3.agents: expected int in [2, 5], got str 'three'"),
         (BASE + "[cells.a]\nagent = 3\n", "cells.a.agent: unknown setting"),
-        (BASE + "[cells.a]\nn = true\n", "cells.a.n: expected an integer, got true"),
-        (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "cells.a.conditions: unknown condition 'kvcom'"),
-        (BASE + '[cells.a]\nconditions = "bcr-chunk:chunk=x"\n', "cells.a.conditions: condition 'bcr-chunk:chunk=x'"),
+        (BASE + "[cells.a]\nn = true\n", "cells.a.n: expected int >= 1, got bool True"),
+        (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "(entry 1: unknown condition 'kvcom'"),
+        (
+            BASE + '[cells.a]\nconditions = "bcr-chunk:chunk=x"\n',
+            "condition 'bcr-chunk:chunk=x': option chunk: expected int",
+        ),
         (BASE.replace('conditions = ["dense"]\n', "") + "[cells.a]\n", "cells.a.conditions: missing"),
         (BASE + "[cells.a]\n[cells.a]\n", "cells.a: declared twice"),
-        (BASE + '[cells.a]\nreference = "kvcomm"\n', "cells.a.reference: reference kvcomm is not among"),
-        (BASE + "[cells.a]\nagents = 9\n", "cells.a.agents: agent count must be between"),
-        (BASE + "[cells.a]\nseeds = [1, 2]\n", "cells.a.seeds: seeds run coin conditions"),
-        (BASE.replace('"synthetic"', '"gsm9k"') + "[cells.a]\n", "defaults.benchmark: unknown benchmark"),
+        (BASE + '[cells.a]\nreference = "kvcomm"\n', "cells.a.reference: kvcomm is not among the conditions: dense"),
+        (BASE + "[cells.a]\nagents = 9\n", "cells.a.agents: expected int in [2, 5], got 9 (9 is outside in [2, 5])"),
+        (BASE + '[cells.a]\npinned = "Nobody"\n', "cells.a.pinned: unknown role 'Nobody'"),
+        (BASE + "[cells.a]\nseeds = [1, 2]\n", "cells.a.seeds: runs coin conditions once per seed"),
+        (BASE.replace('"synthetic"', '"gsm9k"') + "[cells.a]\n", "defaults.benchmark: expected str (one of"),
         (BASE + '[cells."a/b"]\n', "cells.a/b: a cell name is its folder's name"),
         (BASE, "cells: no cells"),
         (BASE + "[cell.a]\n", "cell: unknown key"),
@@ -218,3 +222,38 @@ def test_a_killed_ray_grid_is_finished_by_the_next_run(ray_address, tmp_path, ti
         assert all(r in items for r in written[g.name])  # finished items were not redone (their times too)
         calls = read_jsonl(out / g.name / "calls.jsonl")
         assert len(calls) == 16 * 3 and len({(c["condition"], c["item_id"], c["node"]) for c in calls}) == 48
+
+
+def test_a_cell_that_fails_fails_alone_with_its_reason_and_the_grid_goes_on(tiny_config, tmp_path, monkeypatch, capsys):
+    """Three cells: one whose data cannot be fetched (a usage error: one line), one that hits a bug
+    (its traceback in the log), one that runs. The last is finished; the grid exits 1 naming the two."""
+    from bcr_core.data import benchmarks
+    from bcr_core.engine.assets import AssetError
+
+    real = benchmarks.load_items
+
+    def load_items(benchmark, n, **extra):
+        if extra.get("seed") == 5:
+            raise AssetError("pinned wheel not in the cache and the index cannot be reached")
+        if extra.get("seed") == 6:
+            raise RuntimeError("an internal invariant broke")
+        return real(benchmark, n, **extra)
+
+    monkeypatch.setattr(benchmarks, "load_items", load_items)
+    (tmp_path / "grid.toml").write_text(
+        f'[defaults]\nbenchmark = "synthetic"\nmodel = "config:{tiny_config}"\nagents = 2\nn = 1\n'
+        'max_new_tokens = 2\nconditions = ["dense"]\n\n'
+        "[cells.unfetchable]\nitem_seed = 5\n\n[cells.buggy]\nitem_seed = 6\n\n[cells.fine]\nitem_seed = 7\n"
+    )
+    assert cli.main(["grid", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "g")]) == 1
+    err = capsys.readouterr().err
+    assert len(read_jsonl(tmp_path / "g" / "fine" / "items.jsonl")) == 1
+    # a progress bar may share the line; the reason is the rest of it, and only that
+    unfetchable = [line.partition("bcr grid: ")[2] for line in err.splitlines() if "cell unfetchable failed" in line]
+    assert unfetchable == ["cell unfetchable failed: pinned wheel not in the cache and the index cannot be reached"]
+    buggy = err[err.index("cell buggy failed") :]
+    assert "internal error" in buggy.splitlines()[0] and "an internal invariant broke" in buggy.splitlines()[0]
+    assert "Traceback (most recent call last)" in buggy and "in load_items" in buggy
+    assert "Traceback" not in err[: err.index("cell buggy failed")]
+    assert "cell buggy did not finish" in err and "cell unfetchable did not finish" in err
+    assert "cell fine did not finish" not in err

@@ -52,14 +52,14 @@ def test_check_accepts_and_normalises():
 @pytest.mark.parametrize(
     "name, value, expected, given",
     [
-        ("n", "3", "expects int", "got str '3'"),
-        ("n", True, "expects int", "got bool True"),
-        ("n", 2.0, "expects int", "got float 2.0"),
-        ("rho", "0.2", "expects float", "got str '0.2'"),
-        ("smoke", 1, "expects bool", "got int 1"),
-        ("gammas", [0.3, "1"], "expects list of float", "got list"),
-        ("seeds", 0, "expects list of int", "got int 0"),
-        ("benchmark", 5, "expects str", "got int 5"),
+        ("n", "3", "expected int", "got str '3'"),
+        ("n", True, "expected int", "got bool True"),
+        ("n", 2.0, "expected int", "got float 2.0"),
+        ("rho", "0.2", "expected float", "got str '0.2'"),
+        ("smoke", 1, "expected bool", "got int 1"),
+        ("gammas", [0.3, "1"], "expected list of float", "got list"),
+        ("seeds", 0, "expected list of int", "got int 0"),
+        ("benchmark", 5, "expected str", "got int 5"),
     ],
 )
 def test_wrong_type_names_parameter_expected_and_given(name, value, expected, given):
@@ -114,11 +114,29 @@ def test_every_notebook_is_stored_clean_with_parameters_then_check():
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name} has outputs"
         assert code[0].metadata.get("tags") == ["parameters"], path.name
-        assert "params.check(" in code[1].source, f"{path.name}: the cell after parameters must check them"
+        assert "params.from_cell(globals())" in code[1].source, (
+            f"{path.name}: the cell after parameters must check them"
+        )
         declared = [line.split("=")[0].strip() for line in code[0].source.splitlines() if "=" in line]
-        assert all(f"{name}={name}" in code[1].source for name in declared), f"{path.name} leaves a parameter unchecked"
+        assert set(declared) <= set(params.SCHEMA), f"{path.name} declares a parameter from_cell would not check"
         assert "smoke" in declared and "assert" in code[-1].source, path.name
         assert nb.metadata["kernelspec"]["name"] == "bcr-lab"
+
+
+def test_each_parameter_cell_checks_exactly_what_its_notebook_declares():
+    """The parameters cell, then the check cell, run as a kernel would: P holds every declared
+    name with its declared value (smoke off), and nothing else the namespace holds."""
+    for path in notebook_paths():
+        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        namespace = {"__name__": "__main__", "In": [], "Out": {}, "_": None}
+        exec(code[0].source, namespace)
+        declared = {k: v for k, v in namespace.items() if k not in ("__name__", "In", "Out", "_", "__builtins__")}
+        exec(code[1].source, namespace)
+        assert namespace["P"].as_dict() == declared, path.name
+        later = next(name for name in params.SCHEMA if name not in declared)
+        namespace[later] = {"a later cell's": "variable"}  # run again after later cells: the same parameters
+        exec(code[1].source, namespace)
+        assert namespace["P"].as_dict() == declared, path.name
 
 
 def test_unknown_notebook_or_parameter_is_a_clear_error(tmp_path, capsys):
@@ -172,7 +190,7 @@ def test_wrong_parameter_type_stops_the_notebook_with_one_clear_line(tmp_path, c
     err = capsys.readouterr().err
     assert code == 1
     assert "03_unit_of_choice.ipynb failed at cell 3 of" in err
-    assert "ParameterError: parameter 'segment_tokens' expects int >= 8, got str '2048'" in err
+    assert "ParameterError: parameter 'segment_tokens': expected int >= 8, got str '2048'" in err
     message = err[err.index("03_unit_of_choice.ipynb failed") :]
     assert "Traceback" not in message and "unit_curve.py" not in message
 
@@ -290,7 +308,7 @@ def test_explorer_figure_holds_plain_lists_and_keeps_its_highlight_colour(tiny_c
 def test_readable_tables_and_a_too_small_n_are_caught_up_front():
     table = lab.readable(pd.DataFrame({"answer": ["one\n\ntwo", None], "n": [1, 2]}))
     assert table["answer"].tolist()[0] == "one ⏎  ⏎ two" and table["n"].tolist() == [1, 2]
-    with pytest.raises(params.ParameterError, match="parameter 'n' is 2, but .*raise n to at least 3"):
+    with pytest.raises(params.ParameterError, match="parameter 'n': got 2, but .*raise n to at least 3"):
         params.check(n=2).at_least("n", 3, "the pool needs two items")
     for name in ("00_quickstart", "09_attention_explorer"):
         check = [c for c in nbformat.read(notebook_paths([name])[0], as_version=4).cells if c.cell_type == "code"][1]

@@ -82,7 +82,7 @@ def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
 
 
 def test_a_bad_reference_fails_before_any_work_and_is_not_part_of_the_identity(tiny_chat, finished, tmp_path):
-    with pytest.raises(ValueError, match="--reference kvcomm@0.5 is not among the conditions"):
+    with pytest.raises(ValueError, match="--reference: kvcomm@0.5 is not among the conditions"):
         Cell("synthetic", 2, ("dense", "kvcomm"), 4, reference="kvcomm@0.5")
     out = tmp_path / "run"
     out.mkdir()
@@ -200,7 +200,7 @@ def test_the_pinned_checksums_are_the_converted_models():
                 "--out",
                 "X",
             ],
-            "--reference kvcomm@1 is not among the conditions",
+            "--reference: kvcomm@1 is not among the conditions",
         ),
         (["ttft", "--lengths", "0"], "--lengths are segment lengths in tokens, each at least 1; got [0]"),
         (["unit-curve", "--prompts", "MISSING"], "--prompts MISSING: no such file"),

@@ -14,6 +14,7 @@ import numpy as np
 
 from bcr_core import paper
 from bcr_core.agents.graph import FINAL
+from bcr_core.errors import UsageError
 from bcr_core.reuse.anchors import REUSE, KVCommConfig
 from bcr_core.reuse.servers import KVCommServer
 
@@ -41,7 +42,7 @@ class RandomAllocationServer(KVCommServer):
     ):
         super().__init__(bb, config, name)
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"random-alloc's probability must lie in [0, 1], got {p}")
+            raise UsageError(f"random-alloc's probability must lie in [0, 1], got {p}")
         self.p = p
         self.rng = np.random.Generator(np.random.PCG64(seed))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from bcr_core.data import benchmarks
 from bcr_core.data.roles import RoleSet
 from bcr_core.reuse.prompts import QUESTION, Template, agent_placeholder
+from bcr_core.settings import SettingError
 
 MIN_AGENTS, MAX_AGENTS = 2, 5
 FINAL = "final"
@@ -26,7 +27,7 @@ def user_turn(predecessors: list[tuple[int, str]], instruction: str) -> str:
 def full_connected(benchmark: str, n_agents: int, pinned: str | None = None) -> list[Template]:
     """The templates of one request, in execution order (agents 1..N, then the final node)."""
     if not MIN_AGENTS <= n_agents <= MAX_AGENTS:
-        raise ValueError(f"agent count must be between {MIN_AGENTS} and {MAX_AGENTS}, got {n_agents}")
+        raise SettingError("agents", f"agent count must be between {MIN_AGENTS} and {MAX_AGENTS}, got {n_agents}")
     roles = benchmarks.get(benchmark).roles
     names = assign_roles(roles, n_agents, pinned)
     templates = []
@@ -42,7 +43,7 @@ def assign_roles(roles: RoleSet, n_agents: int, pinned: str | None) -> list[str]
     """Roles cycle over the agents, or every agent gets the pinned role."""
     if pinned is not None:
         if pinned not in roles.roles:
-            raise ValueError(f"unknown role {pinned!r}; this benchmark's roles: {', '.join(roles.roles)}")
+            raise SettingError("pinned", f"unknown role {pinned!r}; this benchmark's roles: {', '.join(roles.roles)}")
         return [pinned] * n_agents
     cycle = list(roles.roles)
     return [cycle[i % len(cycle)] for i in range(n_agents)]

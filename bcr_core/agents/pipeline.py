@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from bcr_core.agents.graph import FINAL, full_connected
 from bcr_core.engine.capacity import check_rows_fit
+from bcr_core.errors import UsageError
 from bcr_core.reuse.calls import CallRecord, drive
 from bcr_core.reuse.fidelity import call_fidelity
 from bcr_core.reuse.prompts import QUESTION, agent_placeholder, build_prompt
@@ -52,10 +53,10 @@ class RequestRecord:
 class Pipeline:
     def __init__(self, bb, benchmark: str, n_agents: int = 3, max_new_tokens: int = 512, pinned: str | None = None):
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise UsageError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         context = getattr(bb.config, "max_position_embeddings", None)
         if isinstance(context, int) and max_new_tokens >= context:
-            raise ValueError(
+            raise UsageError(
                 f"--max-new-tokens {max_new_tokens} does not fit the model's context of {context} tokens "
                 "(config max_position_embeddings), which also holds the prompt; give fewer"
             )
@@ -85,7 +86,7 @@ class Pipeline:
     def steps(self, server, item_id: str, question: str, reference=None, keep_caches: bool = False):
         """`run` as steps that yield every call's `Decode` requests (for the batched runner)."""
         if not question.strip():
-            raise ValueError(f"item {item_id} has an empty question")
+            raise UsageError(f"item {item_id} has an empty question")
         values = {QUESTION: question}
         record = RequestRecord(str(item_id), self.benchmark, server.name)
         for i, template in enumerate(self.templates, start=1):

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from bcr_core.arena.copies import PAIRED
+from bcr_core.errors import UsageError
 from bcr_core.experiments import inference as inf
 from bcr_core.experiments.protocol import Verdict, decide, mean_claim
 
@@ -44,7 +45,7 @@ def arena_frame(calls: list[dict]) -> pd.DataFrame:
             cost = arena["cost"][entry["selector"]]
             rows.append(where | entry | {"passes": cost["passes"], "ms": cost["ms"]})
     if not rows:
-        raise ValueError("no call served from an assembled cache holds arena measures")
+        raise UsageError("no call served from an assembled cache holds arena measures")
     return pd.DataFrame(rows)
 
 
@@ -102,7 +103,7 @@ def gap_share(frame: pd.DataFrame, budget: str = PAIRED) -> tuple[pd.DataFrame, 
     interval over items (resampling items, the ratio of the resampled means)."""
     kl = per_item(frame, budget)
     if COIN not in kl or ORACLE not in kl:
-        raise ValueError("the gap share needs the coin and the oracle among the selectors")
+        raise UsageError("the gap share needs the coin and the oracle among the selectors")
     gain = kl[COIN] - kl[ORACLE]
     per = kl.drop(columns=[COIN]).rsub(kl[COIN], axis=0).div(gain.where(gain > 0), axis=0)
     overall = []
@@ -184,5 +185,5 @@ def read_arena(folder) -> pd.DataFrame:
 
     folder = Path(folder)
     if not (folder / "calls.jsonl").exists() and not (folder / "calls.jsonl.gz").exists():
-        raise ValueError(f"no arena records under {folder}: run `bcr arena --n N --out {folder}`, or set fresh = True")
+        raise UsageError(f"no arena records under {folder}: run `bcr arena --n N --out {folder}`, or set fresh = True")
     return arena_frame(read_records(folder / "calls.jsonl"))

@@ -21,18 +21,20 @@ import torch
 from bcr_core import paper
 from bcr_core.arena import selectors as arena_selectors
 from bcr_core.arena.context import CallContext
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import Option, split_conditions
 from bcr_core.repair.layouts import RANKS
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking
 from bcr_core.reuse.segments import predicted_rows
+from bcr_core.settings import Int, Str
 
-RANK = {"rank": Option(str, "all", RANKS, "all: every cached row; predicted: only rows KVComm predicted")}
+RANK = {"rank": Option(Str(RANKS), "all", "all: every cached row; predicted: only rows KVComm predicted")}
 OPTIONS: dict[str, dict[str, Option]] = {
     "oracle": RANK,
     "oracle-attn": RANK,
-    "draft": RANK | {"k": Option(int, paper.DRAFT_TOKENS, about="drafted tokens")},
-    "coin": RANK | {"seed": Option(int, 0, about="the coin's seed")},
-    "cacheblend": RANK | {"layer": Option(int, 1, about="the check layer")},
+    "draft": RANK | {"k": Option(Int(1), paper.DRAFT_TOKENS, "drafted tokens")},
+    "coin": RANK | {"seed": Option(Int(), 0, "the coin's seed")},
+    "cacheblend": RANK | {"layer": Option(Int(1), 1, "the check layer")},
     "question": RANK,
     "seams": {},
     "window": {},
@@ -74,20 +76,20 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     head, _, tail = spec.strip().partition(":")
     name = head.strip()
     if name not in OPTIONS:
-        raise ValueError(f"unknown selector {name!r}; known: {', '.join(OPTIONS)}")
+        raise UsageError(f"unknown selector {name!r}; known: {', '.join(OPTIONS)}")
     options = {}
     for pair in filter(None, (p.strip() for p in tail.split(","))):
         key, eq, raw = (part.strip() for part in pair.partition("="))
         if key not in OPTIONS[name] or not eq:
             offered = ", ".join(f"{k}=" for k in OPTIONS[name]) or "none"
-            raise ValueError(f"selector {name!r} takes no option {pair!r}; its options: {offered}")
+            raise UsageError(f"selector {name!r} takes no option {pair!r}; its options: {offered}")
         options[key] = OPTIONS[name][key].read(key, raw)
     if name == "cacheblend" and options.get("layer", 1) < 1:
-        raise ValueError(f"selector {spec!r}: the check layer is at least 1 (layer 0 is exact when assembled)")
+        raise UsageError(f"selector {spec!r}: the check layer is at least 1 (layer 0 is exact when assembled)")
     if name == "coin" and options.get("seed", 0) < 0:
-        raise ValueError(f"selector {spec!r}: a coin's seed is at least 0")
+        raise UsageError(f"selector {spec!r}: a coin's seed is at least 0")
     if name == "draft" and options.get("k", 1) < 1:
-        raise ValueError(f"selector {spec!r}: the draft drafts at least 1 token")
+        raise UsageError(f"selector {spec!r}: the draft drafts at least 1 token")
     return name, options
 
 
@@ -147,10 +149,10 @@ def make_entries(text: str, chunk: int = paper.CHUNK_ROWS, seeds: list[int] | No
         else:
             specs.append(spec)
     if not specs:
-        raise ValueError(f"no selector given; known: {', '.join(OPTIONS)}")
+        raise UsageError(f"no selector given; known: {', '.join(OPTIONS)}")
     entries = [make_entry(s, chunk) for s in specs]
     labels = [e.label for e in entries]
     twice = sorted({x for x in labels if labels.count(x) > 1})
     if twice:
-        raise ValueError(f"selector {', '.join(twice)} is listed more than once; list each once")
+        raise UsageError(f"selector {', '.join(twice)} is listed more than once; list each once")
     return entries

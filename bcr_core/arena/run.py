@@ -24,6 +24,7 @@ from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import make_server, parse
 from bcr_core.experiments.runner import Cell, Interrupted, RunFiles, SharedReference, item_record, read_jsonl
 from bcr_core.repair.layouts import check_rho
@@ -67,11 +68,11 @@ def make_arena_cell(
     for r in rhos:
         check_rho(r)
     if chunk < 1:
-        raise ValueError(f"--chunk must be >= 1, got {chunk}")
+        raise UsageError(f"--chunk must be >= 1, got {chunk}")
     if gamma is not None and not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"--gamma is KVComm's entropy gate, in [0, 1]; got {gamma:g}")
+        raise UsageError(f"--gamma is KVComm's entropy gate, in [0, 1]; got {gamma:g}")
     if n < 1:
-        raise ValueError(f"--n must be >= 1, got {n}")
+        raise UsageError(f"--n must be >= 1, got {n}")
     labels = tuple(e.label for e in make_entries(DEFAULT if selectors is None else selectors, chunk, seeds))
     extra = {"seed": item_seed} if benchmark == "synthetic" else {}
     condition = f"bcr-chunk@{rho:g}:chunk={chunk}" + ("" if gamma is None else f",gamma={gamma:g}")
@@ -122,7 +123,7 @@ def check_layers(selectors, layers: int) -> None:
     for spec in selectors:
         name, options = parse_spec(spec)
         if name == "cacheblend" and options.get("layer", 1) >= layers:
-            raise ValueError(f"selector {spec}: the model has {layers} layers, so check layers 1 to {layers - 1}")
+            raise UsageError(f"selector {spec}: the model has {layers} layers, so check layers 1 to {layers - 1}")
 
 
 def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataFrame:

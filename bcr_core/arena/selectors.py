@@ -23,7 +23,7 @@ import torch
 from bcr_core.arena.context import CallContext
 from bcr_core.engine.kernels import GROUPED_EAGER
 from bcr_core.repair.row_scores import row_scores
-from bcr_core.repair.selectors import CacheBlendSelector, DraftSelector, Ranking
+from bcr_core.repair.selectors import CacheBlendSelector, DraftSelector, Ranking, Selector
 
 EXACT_ROW = -1.0e9  # a row rule's score for a row KVComm did not predict: chosen only after every predicted row
 
@@ -43,7 +43,7 @@ def row_error(kv, exact) -> torch.Tensor:
     return (dk + dv).sqrt().cpu()
 
 
-class OracleSelector:
+class OracleSelector(Selector):
     """`oracle`: row j scores its true error, `row_error(assembled, exact)`: the L2 norm over all
     layers, heads and head dimensions of (K_j - K*_j, V_j - V*_j), the exact cache being the dense
     prefill of the same ids (token-matched Dense). The ceiling a selector could reach with this
@@ -56,7 +56,7 @@ class OracleSelector:
         return Ranking(candidate_scores(row_error(kv, exact), rows))
 
 
-class AttentionOracleSelector:
+class AttentionOracleSelector(Selector):
     """`oracle-attn`: the true error weighted by where the answer looks: row j scores
     row_error_j x a*_j, a*_j the exact cache's attention from the final prompt token (the query
     that emits the first answer token), summed over layers 2..L and averaged over query heads as
@@ -88,7 +88,7 @@ def trailing_attention(bb, kv, ids, last_id, start: int) -> torch.Tensor:
     return torch.stack([a[0, :, :, :m].transpose(0, 1) for a in out.attentions]).float()
 
 
-class QuestionSelector:
+class QuestionSelector(Selector):
     """`question` (the A3 / ProphetKV family in its plainest form, no draft): the prompt's own
     trailing tokens, the template text after the last placeholder (the instruction after the last
     shared segment) and the prompt's final token, are run forward over the assembled cache before
@@ -105,7 +105,7 @@ class QuestionSelector:
         return Ranking(candidate_scores(attention.mean(dim=(1, 2)).sum(dim=0).cpu(), rows))
 
 
-class SeamsSelector:
+class SeamsSelector(Selector):
     """`seams` (EPIC's LegoLink, the attention sink at every seam): the first rows of every reused
     segment (each placeholder's value and the text after it, `CallContext.segments`), spread
     evenly: every segment's first row, then every segment's second row, and so on, in prompt order
@@ -121,7 +121,7 @@ class SeamsSelector:
         return Ranking(candidate_scores(scores, rows))
 
 
-class WindowSelector:
+class WindowSelector(Selector):
     """`window` (arXiv 2609.17983, "Contiguity, Not Importance"): a contiguous window right after
     each seam, every segment's window the same share of its length. Row j of a segment [s, e)
     scores -(j - s + 1/2) / (e - s), so the count is apportioned over the segments by their lengths
@@ -139,7 +139,7 @@ class WindowSelector:
         return Ranking(candidate_scores(scores, rows))
 
 
-class AttendedDeviationSelector:
+class AttendedDeviationSelector(Selector):
     """`ours` (this lab's, PRE-REGISTERED: rule fixed in this file before any arena item was run,
     and reported on the second half of the items by `bcr_core.arena.measures`, whatever they say):
     rows both attended and wrong. Row j scores a_j x d_j, a_j the draft's Algorithm 2 score

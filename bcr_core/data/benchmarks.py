@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from bcr_core.data import datasets, grading, roles, synthetic
 from bcr_core.data.roles import RoleSet
+from bcr_core.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def get(name: str) -> Benchmark:
     try:
         return REGISTRY[name.strip().lower()]
     except KeyError:
-        raise ValueError(f"unknown benchmark {name!r}; known benchmarks: {', '.join(sorted(NAMES))}") from None
+        raise UsageError(f"unknown benchmark {name!r}; known benchmarks: {', '.join(sorted(NAMES))}") from None
 
 
 def load_items(benchmark: str, n: int | None = None, **options) -> list[dict]:
@@ -59,7 +60,7 @@ def load_items(benchmark: str, n: int | None = None, **options) -> list[dict]:
         options.setdefault("n", n or 100)
     items = get(benchmark).load(**options)
     if n is not None and n > len(items):
-        raise ValueError(f"--n {n} exceeds the {len(items)} items of {benchmark}")
+        raise UsageError(f"--n {n} exceeds the {len(items)} items of {benchmark}")
     return items[:n]
 
 

@@ -45,6 +45,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from bcr_core.errors import UsageError
+
 # ----------------------------------------------------------------------------- GSM8K
 
 _NUMBER = re.compile(r"(?<![\w.])(-?)\$?(-?)((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)(?!\d)")
@@ -141,7 +143,7 @@ def score_mmlu(text: str, item: dict) -> dict:
     "correct_lenient", "pred" (the strict extractor's letter), "gold"}."""
     gold = str(item["answer"]).strip().upper()
     if gold not in LETTERS:
-        raise ValueError(f"MMLU item {item.get('id')} has answer {item['answer']!r}; expected one of A-D")
+        raise UsageError(f"MMLU item {item.get('id')} has answer {item['answer']!r}; expected one of A-D")
     pred = extract_mmlu_letter(text)
     lenient = mmlu_lenient(text, gold)
     return {"correct": lenient, "correct_strict": pred == gold, "correct_lenient": lenient, "pred": pred, "gold": gold}

@@ -46,6 +46,8 @@ import random
 import re
 from typing import Any
 
+from bcr_core.errors import UsageError
+
 DEFAULT_N_RECORDS = 8  # every field, in random order; ~107 prompt tokens with the chat template
 DEFAULT_SEED = 0
 
@@ -231,9 +233,9 @@ def make_items(n: int, seed: int = DEFAULT_SEED, n_records: int = DEFAULT_N_RECO
     `field` (the asked field) and `records` (list of [field, value] in the order shown).
     """
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise UsageError(f"n must be >= 0, got {n}")
     if not 1 <= n_records <= len(FIELDS):
-        raise ValueError(f"n_records must be between 1 and {len(FIELDS)} (the number of fields), got {n_records}")
+        raise UsageError(f"n_records must be between 1 and {len(FIELDS)} (the number of fields), got {n_records}")
     rng = random.Random(seed)
     return [_make_item(rng, f"synth-s{seed}-r{n_records}-{i:04d}", n_records) for i in range(n)]
 

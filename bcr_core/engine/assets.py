@@ -15,10 +15,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bcr_core.errors import UsageError
 from bcr_core.paths import written_whole
 
 
-class AssetError(RuntimeError):
+class AssetError(UsageError):
     """An asset could not be fetched or failed its checksum; the message says what to do."""
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from bcr_core.errors import UsageError
+
 COPIES = 4
 
 
@@ -42,7 +44,7 @@ def check_rows_fit(bb, rows: int, option: str) -> None:
     need = COPIES * rows * row_bytes(bb.config, bb.dtype)
     free = available_bytes(bb.device)
     if free is not None and need > free:
-        raise ValueError(
+        raise UsageError(
             f"{option}: calls of {rows} cached rows need about {need / 1e9:.1f} GB for their caches "
             f"({COPIES} copies of {row_bytes(bb.config, bb.dtype) / 1024:.0f} KiB a row), and "
             f"{free / 1e9:.1f} GB is free on {bb.device.type}; give fewer"

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 import torch
 
 from bcr_core.engine.assets import GEMMA3_270M_GGUF, SMOLLM2_GGUF, cache_dir, fetch, fetch_split, sha256_of
+from bcr_core.errors import UsageError
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
@@ -139,7 +140,7 @@ CONFIG_SHAPES = {
 }
 
 
-class ModelError(ValueError):
+class ModelError(UsageError):
     """The model could not be resolved or is not one the lab supports."""
 
 

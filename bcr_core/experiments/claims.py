@@ -27,6 +27,7 @@ from bcr_core.experiments.protocol import (
     rows_differ,
     rows_text,
 )
+from bcr_core.experiments.stats import reuse_accuracy_line
 from bcr_core.experiments.summary import with_agreement
 
 EXACT_TOLERANCE = 1e-4  # the largest repaired-vs-Dense cache difference full repair may leave (fp32)
@@ -36,6 +37,21 @@ def find(conditions: list[str], spec: str) -> str:
     """The recorded label with the same settings as `spec` (`kvcomm@0.3` finds `kvcomm`), else `spec`."""
     wanted = parse(spec).settings
     return next((c for c in conditions if parse(c).settings == wanted), spec)
+
+
+def gate_points(items: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:
+    """Equation 3's points: for each of `conditions` recorded in `items` (each found by its settings,
+    in the order given; Dense and the line's reuse endpoint first), its mean reuse rate and its
+    accuracy in percent, both over the items every one of them ran (paired)."""
+    recorded = list(items["condition"].unique())
+    on_line = [found for found in (find(recorded, c) for c in conditions) if found in recorded]
+    return pd.DataFrame(
+        {
+            "condition": on_line,
+            "reuse_rate": paired(items, "reuse_rate", *on_line).mean().values,
+            "accuracy": 100 * paired(items, "correct", *on_line).astype(float).mean().values,
+        }
+    )
 
 
 def coin_seeds(condition: str, conditions: list[str], match: str = "none") -> list[str]:
@@ -116,10 +132,9 @@ def line_claim(gate: pd.DataFrame | None, dense, reuse, settings, boot: int = 20
     hit = paired(gate, "correct", dense, reuse, *present).astype(float).to_numpy()
     rate = paired(gate, "reuse_rate", dense, reuse, *present).to_numpy()
 
-    def residuals(rows):
+    def residuals(rows):  # each setting's accuracy minus Equation 3's line through Dense and KVComm
         h, r = hit[rows].mean(axis=0), rate[rows].mean(axis=0)
-        slope = (h[0] - h[1]) / max(r[1], 1e-9)
-        return h[2:] - (h[0] - slope * r[2:])
+        return h[2:] - reuse_accuracy_line(h[0], h[1], max(r[1], 1e-9))(r[2:])
 
     rng = np.random.default_rng(0)
     draws = np.array([residuals(rng.integers(0, len(hit), len(hit))) for _ in range(boot)])

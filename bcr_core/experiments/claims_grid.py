@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bcr_core.errors import UsageError
 from bcr_core.experiments.claims import find, paired
 from bcr_core.experiments.inference import sign_flip
 from bcr_core.experiments.protocol import realised_rows
@@ -48,12 +49,12 @@ def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.Data
         items += [r | {"run": run} for r in read_records(settings.parent / "items.jsonl")]
         calls += [c for c in read_records(settings.parent / "calls.jsonl")]
     if not items:
-        raise ValueError(f"no run records under {folder}")
+        raise UsageError(f"no run records under {folder}")
     items = pd.DataFrame(items)
     twice = items.groupby(["condition", "item_id"])["run"].unique().map(len) > 1
     if twice.any():
         condition, item = twice[twice].index[0]
-        raise ValueError(
+        raise UsageError(
             f"{folder} holds {condition} on item {item} in more than one run "
             f"({', '.join(items[(items.condition == condition) & (items.item_id == item)]['run'])}): "
             "point it at one grid's runs"

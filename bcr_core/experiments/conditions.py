@@ -19,65 +19,55 @@ from dataclasses import dataclass, field
 
 from bcr_core import paper
 from bcr_core.agents.call_policies import RandomAllocationServer, protect_leaf, protect_root
+from bcr_core.errors import UsageError
 from bcr_core.repair.bcr import BCRServer, MatchedBudget
 from bcr_core.repair.layouts import RANKS, SKIP_RULES, LayoutConfig, layout
 from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
+from bcr_core.settings import Float, Int, Kind, SettingError, Str, check_setting
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option a condition takes: its default and the values it accepts."""
+    """One option a condition takes: the kind of value it accepts (`bcr_core.settings`) and its default."""
 
-    kind: type  # int, float or str
+    kind: Kind
     default: object
-    choices: tuple = ()  # for str options: the accepted values
     about: str = ""
 
     def read(self, key: str, raw: str):
-        if self.kind is str:
-            if raw not in self.choices:
-                raise ValueError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
-            return raw
-        try:
-            return self.kind(raw)
-        except ValueError:
-            raise ValueError(
-                f"option {key}={raw}: expected {'an integer' if self.kind is int else 'a number'}"
-            ) from None
+        """The option's value from its text, checked by the one validator (`settings.check_setting`)."""
+        return check_setting(key, self.kind.from_text(raw), self.kind, label=f"option {key}")
 
 
-GATE = {"gamma": Option(float, KVCommConfig.gamma, about="KVComm's entropy gate (Equation 2)")}
-SEED = {"seed": Option(int, 0, about="the coin's stream")}
+GATE = {"gamma": Option(Float(0.0, 1.0), KVCommConfig.gamma, "KVComm's entropy gate (Equation 2)")}
+SEED = {"seed": Option(Int(), 0, "the coin's stream")}
 REPAIR = {
-    "chunk": Option(int, LayoutConfig.chunk, about="B: the chunk layout's unit and the skip rule's B (App. B)"),
+    "chunk": Option(Int(1), LayoutConfig.chunk, "B: the chunk layout's unit and the skip rule's B (App. B)"),
     "skip": Option(
-        str,
+        Str(SKIP_RULES),
         LayoutConfig.skip,
-        SKIP_RULES,
         "alg1: Algorithm 1's skip rule (M < 2B or rho M < B) on "
         "every layout; off: repair whenever the budget buys a row",
     ),
     "rank": Option(
-        str,
+        Str(RANKS),
         "all",
-        RANKS,
         "all: rank every cached row (the paper); predicted: only rows KVComm "
         "predicted, the budget still counting the whole cache",
     ),
 }
 MATCH = {
     "match": Option(
-        str,
+        Str(("none", "bcr-chunk", "bcr-grow", "bcr-single")),
         "none",
-        ("none", "bcr-chunk", "bcr-grow", "bcr-single"),
         "none: the layout's own budget; bcr-...: on each call exactly the rows that BCR condition "
         "(same rho, chunk, rank) recomputes on the same cache (App. D's row for row)",
     )
 }
-GROW = {"tau": Option(float, LayoutConfig.tau), "span_cap": Option(int, LayoutConfig.span_cap)}
+GROW = {"tau": Option(Float(0.0, 1.0), LayoutConfig.tau), "span_cap": Option(Int(1), LayoutConfig.span_cap)}
 
 
 @dataclass(frozen=True)
@@ -115,24 +105,24 @@ def parse(spec: str) -> Condition:
     head, _, tail = spec.strip().partition(":")
     name, _, value = head.partition("@")
     if name not in REGISTRY:
-        raise ValueError(f"unknown condition {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(REGISTRY))}")
     try:
         number = float(value) if value else None
     except ValueError:
-        raise ValueError(f"cannot read condition {spec!r}: expected name[@number][:key=value,...]") from None
+        raise UsageError(f"cannot read condition {spec!r}: expected name[@number][:key=value,...]") from None
     takes = OPTIONS[name]
     options = {}
     for pair in filter(None, (p.strip() for p in tail.split(","))):
         key, eq, raw = (part.strip() for part in pair.partition("="))
         if not eq or not raw:
-            raise ValueError(f"cannot read condition {spec!r}: option {pair!r} is not key=value")
+            raise UsageError(f"cannot read condition {spec!r}: option {pair!r} is not key=value")
         if key not in takes:
             offered = ", ".join(sorted(takes)) or "none"
-            raise ValueError(f"condition {name!r} takes no option {key!r} (in {spec!r}); its options: {offered}")
+            raise UsageError(f"condition {name!r} takes no option {key!r} (in {spec!r}); its options: {offered}")
         try:
             options[key] = takes[key].read(key, raw)
-        except ValueError as error:
-            raise ValueError(f"condition {spec!r}: {error}") from None
+        except SettingError as error:
+            raise UsageError(f"condition {spec!r}: {error}") from None
     return Condition(name, number, options)
 
 
@@ -222,7 +212,7 @@ def _coin(c: Condition) -> CoinSelector:
 
 def _cacheblend_reuse(bb, c: Condition):
     if c.value is None:
-        raise ValueError(
+        raise UsageError(
             "cacheblend-reuse needs the paired BCR-chunk reuse rate r: write cacheblend-reuse@r "
             "(it recomputes rho_CB = 1 - r of the rows)"
         )

@@ -21,55 +21,27 @@ import os
 import re
 import sys
 import tomllib
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.agents.graph import full_connected
-from bcr_core.data.benchmarks import NAMES as BENCHMARKS
 from bcr_core.engine.models import CONFIG_PREFIX, DEFAULT_MODEL
-from bcr_core.experiments.conditions import parse, split_conditions
+from bcr_core.errors import UsageError
 from bcr_core.experiments.runner import Cell, check_folder, make_cell, read_items, run_cell
 from bcr_core.experiments.summary import summarize
 from bcr_core.paths import utf8_text
+from bcr_core.settings import RUN, SettingError, check_setting, cli_label
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
 
 
-class GridError(ValueError):
+class GridError(UsageError):
     """A grid file that cannot run; the message names the file and the key."""
 
 
-@dataclass(frozen=True)
-class Setting:
-    kind: str  # "int", "str", "bool", "ints" (a list of integers) or "conditions"
-    default: object = None
-    required: bool = False
-
-
-# Every `bcr run` setting a grid file may give, with `bcr run`'s defaults.
-SETTINGS = {
-    "benchmark": Setting("str", required=True),
-    "agents": Setting("int", 3),
-    "conditions": Setting("conditions", required=True),
-    "n": Setting("int", required=True),
-    "max_new_tokens": Setting("int", 512),
-    "seeds": Setting("ints"),
-    "model": Setting("str", DEFAULT_MODEL),
-    "pinned": Setting("str"),
-    "reference": Setting("str"),
-    "item_seed": Setting("int", 0),
-    "batch": Setting("int", 1),
-    "fidelity": Setting("bool", False),
-}
-EXPECTED = {
-    "int": "an integer",
-    "str": "a string",
-    "bool": "true or false",
-    "ints": "a list of integers",
-    "conditions": "a list of condition strings (or one comma-separated string)",
-}
+SETTINGS = RUN  # every `bcr run` setting a grid file may give, with `bcr run`'s defaults (bcr_core.settings)
 
 
 @dataclass(frozen=True)
@@ -138,48 +110,16 @@ def shown(value) -> str:
 
 
 def check_settings(path: Path, settings: dict, where: str) -> dict:
-    """Each setting's type (and its value where it can be checked alone), conditions as a list."""
+    """Each setting by the one validator (`settings.check_setting`), conditions as a list."""
     out = {}
     for key, value in settings.items():
         if key not in SETTINGS:
             raise GridError(f"{path}: {where}.{key}: unknown setting; the settings: {', '.join(SETTINGS)}")
-        out[key] = check_value(path, f"{where}.{key}", SETTINGS[key].kind, value)
+        try:
+            out[key] = check_setting(key, value, SETTINGS[key].kind)
+        except SettingError as err:
+            raise GridError(f"{path}: {where}.{key}: {err.detail}") from None
     return out
-
-
-def check_value(path: Path, key: str, kind: str, value):
-    def wrong():
-        return GridError(f"{path}: {key}: expected {EXPECTED[kind]}, got {shown(value)}")
-
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise wrong()
-        if value < 0 or (value == 0 and not key.endswith("item_seed")):
-            raise GridError(f"{path}: {key}: expected a positive integer, got {value}")
-    elif kind == "str" and not isinstance(value, str):
-        raise wrong()
-    elif kind == "bool" and not isinstance(value, bool):
-        raise wrong()
-    elif kind == "ints" and not (
-        isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
-        raise wrong()
-    elif kind == "conditions":
-        if isinstance(value, str):
-            value = split_conditions(value)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise wrong()
-        value = [piece for spec in value for piece in split_conditions(spec)]
-        if not value:
-            raise GridError(f"{path}: {key}: no conditions")
-        for spec in value:
-            try:
-                parse(spec)
-            except ValueError as err:
-                raise GridError(f"{path}: {key}: {err}") from None
-    if key.endswith(".benchmark") and value not in BENCHMARKS:
-        raise GridError(f"{path}: {key}: unknown benchmark {shown(value)}; known: {', '.join(BENCHMARKS)}")
-    return value
 
 
 def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> GridCell:
@@ -190,21 +130,11 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
     for key, setting in SETTINGS.items():
         if setting.required and key not in defaults and key not in own:
             raise GridError(f"{path}: {where}.{key}: missing; set it in [defaults] or in [{where}]")
-    try:
-        full_connected(settings["benchmark"], settings["agents"], settings["pinned"])
-    except ValueError as err:
-        raise GridError(f"{path}: {origin('pinned' if 'role' in str(err) else 'agents')}: {err}") from None
-    conditions = settings["conditions"]
-    if settings["seeds"] and not any(c.startswith("coin-") for c in conditions):
-        raise GridError(
-            f"{path}: {origin('seeds')}: seeds run coin conditions once per seed, and no coin condition "
-            "(coin-chunk, coin-single) is listed"
-        )
-    try:
+    try:  # an error names the setting it is about (`SettingError.key`), shown where the file set it
         cell = make_cell(
             settings["benchmark"],
             settings["agents"],
-            conditions,
+            settings["conditions"],
             settings["n"],
             settings["max_new_tokens"],
             settings["pinned"],
@@ -214,9 +144,9 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
             settings["item_seed"],
             settings["fidelity"],
         )
-    except ValueError as err:
-        key = "reference" if "--reference" in str(err) else "conditions"
-        raise GridError(f"{path}: {origin(key)}: {str(err).replace('--reference ', 'reference ')}") from None
+    except SettingError as err:
+        shown_as = "" if err.label == cli_label(err.key) else f"{err.label}: "  # e.g. `condition LABEL: `
+        raise GridError(f"{path}: {origin(err.key)}: {shown_as}{err.detail}") from None
     return GridCell(name, cell, settings["batch"], absolute_model(settings["model"]))
 
 
@@ -315,7 +245,7 @@ def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
         try:
             check_folder(Path(out) / g.name, g.cell)
             finished = is_finished(g, out)  # its records are read, and checked, here
-        except ValueError as err:
+        except UsageError as err:
             raise GridError(f"cell {g.name}: {err}") from None
         if not finished:
             todo.append(g)
@@ -334,11 +264,19 @@ def run_in_process(grid: list[GridCell], out: Path, progress: bool = True) -> li
     for g in todo:
         try:
             run_grid_cell(g, str(out), progress=progress, on_item=lambda: overall.update(1))
-        except ValueError as err:  # ModelError and AssetError are ValueErrors: the cell cannot run, the rest can
-            print(f"bcr grid: cell {g.name} failed: {err}", file=sys.stderr)
+        except Exception as err:  # the cell cannot run (a usage error) or hit a bug: it fails, the rest run
+            print(f"bcr grid: cell {g.name} failed: {failure(err)}", file=sys.stderr, flush=True)
             failed.append(g.name)
     overall.close()
     return failed
+
+
+def failure(err: BaseException) -> str:
+    """A failed cell's reason for its log: a usage error's one line, or a bug's whole traceback."""
+    if isinstance(err, UsageError):
+        return str(err)
+    trace = "".join(traceback.format_exception(err)).rstrip()
+    return f"internal error (a bug, not a setting to fix): {type(err).__name__}: {err}\n{trace}"
 
 
 def lock_holder(folder: Path) -> str | None:

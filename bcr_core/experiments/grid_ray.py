@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from bcr_core.errors import UsageError
 from bcr_core.experiments.grid import (
     GridCell,
     GridError,
@@ -88,6 +89,16 @@ def start_local(ray, **options) -> None:
                 ) from None
 
 
+def task_failure(err: Exception) -> str:
+    """A failed task's reason: a usage error's last line (its message), else Ray's whole report,
+    the task's traceback included, for a bug or a worker's death."""
+    text = str(err).strip()
+    if not text:
+        return type(err).__name__
+    cause = getattr(err, "cause", err)  # Ray's RayTaskError wraps the task's own exception
+    return text.splitlines()[-1] if isinstance(cause, UsageError) else text
+
+
 def one_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
@@ -140,8 +151,7 @@ def watch(ray, grid: list[GridCell], todo: list[GridCell], out: Path, poll_s: fl
                 ray.get(ref)
                 say(f"cell {g.name} finished ({time.monotonic() - started.get(g.name, began):.1f} s)")
             except Exception as err:  # a task's error or its worker's death: report, the next run resumes it
-                last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-                say(f"cell {g.name} failed: {last}")
+                say(f"cell {g.name} failed: {task_failure(err)}")
                 failed.append(g.name)
         for g in pending.values():
             holder = lock_holder(out / g.name)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bcr_core.engine.batching import BatchDecoder
+from bcr_core.errors import UsageError
 from bcr_core.reuse.calls import Decode
 
 
@@ -51,7 +52,7 @@ def run_lanes(
     At width 1 every request is decoded on the spot, exactly as `drive` does.
     """
     if width < 1:
-        raise ValueError(f"batch size must be >= 1, got {width}")
+        raise UsageError(f"batch size must be >= 1, got {width}")
     queue, lanes = list(units), []
     decoder = BatchDecoder(bb) if width > 1 else None
 

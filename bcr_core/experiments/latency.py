@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from bcr_core.data.roles import COPY
 from bcr_core.engine.capacity import check_rows_fit
+from bcr_core.errors import UsageError
 from bcr_core.experiments.bound import Shape, call_passes, measure_rates
 from bcr_core.experiments.conditions import make_server
 from bcr_core.reuse.prompts import QUESTION, Template, build_prompt
@@ -56,10 +57,10 @@ def symbol_segment(tokenizer, length: int, rng: random.Random) -> str:
 
 def check_settings(lengths, samples: int) -> None:
     if samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {samples}")
+        raise UsageError(f"--samples must be >= 1, got {samples}")
     short = [n for n in lengths if n < 1]
     if short:
-        raise ValueError(f"--lengths are segment lengths in tokens, each at least 1; got {short}")
+        raise UsageError(f"--lengths are segment lengths in tokens, each at least 1; got {short}")
 
 
 def check_lengths(bb, lengths) -> None:
@@ -70,7 +71,7 @@ def check_lengths(bb, lengths) -> None:
     context = getattr(bb.config, "max_position_embeddings", None)
     for length in lengths:
         if isinstance(context, int) and template + length + 1 > context:
-            raise ValueError(
+            raise UsageError(
                 f"--lengths {length}: a call is {template + length + 1} tokens with its template and one "
                 f"decoded token, more than the model's context of {context} (config max_position_embeddings); "
                 f"the longest length that fits is {context - template - 1}"

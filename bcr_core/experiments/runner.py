@@ -24,11 +24,13 @@ from tqdm.auto import tqdm
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import OPTIONS, REPAIRS, Condition, expand_seeds, make_server, parse
 from bcr_core.experiments.lanes import Unit, run_lanes
 from bcr_core.paths import utf8_text, written_whole
 from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
+from bcr_core.settings import RUN, SettingError, check_run, check_setting
 
 
 @dataclass(frozen=True)
@@ -45,33 +47,35 @@ class Cell:
     fidelity: bool = False  # also serve every call densely and record its in-situ fidelity (about 2x the work)
 
     def __post_init__(self):
-        if self.n < 1:
-            raise ValueError(f"--n must be >= 1, got {self.n}")
+        check_setting("n", self.n, RUN["n"].kind)
         parsed = [parse(c) for c in self.conditions]
         seen: dict[tuple, str] = {}
         for c in parsed:
             if c.settings in seen:
-                raise ValueError(
-                    f"conditions {seen[c.settings]} and {c.label} repeat one run (the same settings); list it once"
+                raise SettingError(
+                    "conditions",
+                    f"{seen[c.settings]} and {c.label} repeat one run (the same settings); list it once",
                 )
             seen[c.settings] = c.label
         for c in parsed:
             check_value(c)
         object.__setattr__(self, "conditions", tuple(c.label for c in parsed))
         if self.reference is not None and parse(self.reference).settings not in seen:
-            raise ValueError(f"--reference {self.reference} is not among the conditions: {', '.join(self.conditions)}")
+            raise SettingError(
+                "reference", f"{self.reference} is not among the conditions: {', '.join(self.conditions)}"
+            )
 
 
 def check_value(c: Condition) -> None:
-    """Refuse a condition value no server can take, naming it (before any folder is touched)."""
+    """Refuse a condition value no server can take, naming it (before any folder is touched); the
+    error is about the `conditions` setting and reads `condition LABEL: why`."""
+    refuse = lambda why: SettingError("conditions", why, label=f"condition {c.label}")  # noqa: E731
     if c.name == "cacheblend-reuse" and c.value is not None and not 0.0 <= c.value <= 1.0:
-        raise ValueError(f"condition {c.label}: r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
+        raise refuse(f"r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
     if c.name in REPAIRS and c.value is not None and not 0.0 <= c.value <= 1.0:
-        raise ValueError(f"condition {c.label}: rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
+        raise refuse(f"rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
     if "seed" in OPTIONS[c.name] and c.option("seed") < 0:
-        raise ValueError(
-            f"condition {c.label}: option seed is a coin stream's seed, at least 0; got {c.option('seed')}"
-        )
+        raise refuse(f"option seed is a coin stream's seed, at least 0; got {c.option('seed')}")
 
 
 def make_cell(
@@ -88,10 +92,15 @@ def make_cell(
     fidelity: bool = False,
 ) -> Cell:
     """The cell `bcr run` runs for these settings (each cell of `bcr grid` too): coin conditions
-    without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`."""
+    without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`.
+    Every setting is checked first by the one validator (`settings.check_run`): an error names its key."""
+    given = dict(benchmark=benchmark, agents=agents, conditions=conditions, n=n, max_new_tokens=max_new_tokens)
+    given |= dict(pinned=pinned, model=model, reference=reference, seeds=seeds, item_seed=item_seed, fidelity=fidelity)
+    checked = check_run(given)
+    conditions, seeds = checked["conditions"], checked["seeds"]
     if seeds and not any(c.startswith("coin-") for c in conditions):
-        raise ValueError(
-            "--seeds runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
+        raise SettingError(
+            "seeds", "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
         )
     extra = {"seed": item_seed} if benchmark == "synthetic" else {}
     return Cell(
@@ -145,7 +154,7 @@ class RunFiles:
             probe.touch()
             probe.unlink()
         except OSError as err:
-            raise ValueError(f"--out {self.out} cannot hold a run: {err.strerror or err}") from None
+            raise UsageError(f"--out {self.out} cannot hold a run: {err.strerror or err}") from None
         self.items_path, self.calls_path = self.out / "items.jsonl", self.out / "calls.jsonl"
         check_folder(self.out, cell)
         self.lock = self.out / ".lock"
@@ -163,7 +172,7 @@ class RunFiles:
             except FileExistsError:
                 holder = self.lock.read_text().strip()
                 if holder.isdigit() and process_alive(int(holder)):
-                    raise ValueError(
+                    raise UsageError(
                         f"{self.out} is being written by another process (pid {holder}); wait for "
                         "it to finish, or use another --out"
                     ) from None
@@ -172,7 +181,7 @@ class RunFiles:
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
             return
-        raise ValueError(f"could not take the lock {self.lock}")
+        raise UsageError(f"could not take the lock {self.lock}")
 
     def release(self) -> None:
         if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
@@ -260,7 +269,7 @@ class RunFiles:
             append_jsonl(self.items_path, [item])
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                raise ValueError(
+                raise UsageError(
                     f"{self.out}: the disk is full ({err.strerror}) while appending item {item['item_id']}; "
                     "the finished records are intact: free space, then rerun the same command to resume"
                 ) from None
@@ -293,8 +302,8 @@ def read_items(path: Path, conditions: tuple[str, ...]) -> list[dict]:
     return [row for _, row in rows]
 
 
-def damaged(path: Path, line: int, what: str) -> ValueError:
-    return ValueError(f"{path}, line {line}: {what}; nothing was changed on disk")
+def damaged(path: Path, line: int, what: str) -> UsageError:
+    return UsageError(f"{path}, line {line}: {what}; nothing was changed on disk")
 
 
 def check_order(path: Path, items: dict, item_ids: list[str], stateful: set[str]) -> None:
@@ -318,9 +327,9 @@ def check_folder(out: Path, cell: Cell) -> None:
     if settings.exists():
         found = identity(read_settings(settings))
         if found != json.loads(json.dumps(identity(asdict(cell)))):
-            raise ValueError(f"{out} holds a run with other settings ({found}); use another --out or delete it")
+            raise UsageError(f"{out} holds a run with other settings ({found}); use another --out or delete it")
     elif (out / "items.jsonl").exists() or (out / "calls.jsonl").exists():
-        raise ValueError(
+        raise UsageError(
             f"{out} holds records but no cell.json, so their settings are unknown; "
             "use another --out, or delete the records"
         )
@@ -334,7 +343,7 @@ def read_settings(path: Path) -> dict:
         found = "text that is not JSON"
     if not isinstance(found, dict):
         shown = found if isinstance(found, str) else f"a {type(found).__name__}"
-        raise ValueError(
+        raise UsageError(
             f"{path} should hold a run's settings as a JSON object, but holds {shown}; restore it, or use another --out"
         )
     return found
@@ -382,7 +391,7 @@ def numbered_jsonl(path: Path) -> tuple[list[tuple[int, dict]], bool]:
             return rows, True  # torn by a crash: redone
         else:
             shown = "a blank line" if not line.strip() else repr(line[:60])
-            raise ValueError(
+            raise UsageError(
                 f"{path}, line {number}: unreadable record ({shown}); only a torn last line is "
                 "redone. Restore or delete that line, then run again; nothing was changed on disk"
             )
@@ -459,7 +468,7 @@ def run_cell(
         pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
         servers = {c: make_server(bb, c) for c in cell.conditions}
         files.settle()
-        stateful = {c for c, server in servers.items() if not getattr(server, "stateless", False)}
+        stateful = {c for c, server in servers.items() if not server.stateless}
         done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
         share_segment_caches(bb, servers.values())
         reference = SharedReference(bb) if cell.fidelity else None
@@ -473,7 +482,7 @@ def run_cell(
             for condition, server in servers.items():
                 if (condition, item_id) in done:  # a stateful condition's finished items are a prefix
                     for call in done_calls.get((condition, item_id), []):
-                        getattr(server, "replay", lambda call: None)(call)
+                        server.replay(call)
                 else:
                     question = benchmarks.question_text(cell.benchmark, item)
                     units.append(
@@ -488,7 +497,7 @@ def run_cell(
 
         def may_start(unit: Unit, running: list[Unit]) -> bool:
             condition = unit.key[0]
-            return getattr(servers[condition], "stateless", False) or all(r.key[0] != condition for r in running)
+            return servers[condition].stateless or all(r.key[0] != condition for r in running)
 
         def finished(unit: Unit, request) -> None:
             condition, index = unit.key

@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from bcr_core.errors import UsageError
+
 __all__ = [
     "mcnemar_exact",
     "wilson_ci",
@@ -284,12 +286,12 @@ def paired_table(
     _check_records(records, value, item, condition)
     conds = list(dict.fromkeys(records[condition].tolist()))
     if reference not in conds:
-        raise ValueError(f"reference condition {reference!r} not in records: {conds}")
+        raise UsageError(f"reference condition {reference!r} not in records: {conds}")
     wide = records.pivot(index=item, columns=condition, values=value)
     for cond in conds:
         absent = wide[cond].isna()
         if absent.any():
-            raise ValueError(
+            raise UsageError(
                 f"unpaired records: condition {cond!r} lacks {int(absent.sum())} of the "
                 f"{len(wide)} items, e.g. {item}={wide.index[absent][0]!r}; every "
                 "condition must run the same items"

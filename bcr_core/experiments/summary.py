@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import parse
 from bcr_core.experiments.stats import paired_table
 
@@ -20,7 +21,7 @@ def with_agreement(items: pd.DataFrame, dense: str = "dense") -> pd.DataFrame:
     """Adds `agrees_dense`: the item's final text is identical to Dense's on the same item (None
     where Dense has no record of the item)."""
     if dense not in set(items["condition"]):
-        raise ValueError(f"Dense-agreement needs the {dense!r} condition among {sorted(set(items['condition']))}")
+        raise UsageError(f"Dense-agreement needs the {dense!r} condition among {sorted(set(items['condition']))}")
     reference = items[items["condition"] == dense].set_index("item_id")["final_text"].reindex(items["item_id"])
     agrees = pd.Series(items["final_text"].to_numpy() == reference.to_numpy(), index=items.index)
     if reference.isna().any():
@@ -47,7 +48,7 @@ def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "d
     reference = reference or ("kvcomm" if "kvcomm" in conditions else conditions[0])
     reference = next((c for c in conditions if parse(c).settings == parse(reference).settings), reference)
     if reference not in conditions:
-        raise ValueError(f"reference {reference!r} is not among the conditions: {', '.join(conditions)}")
+        raise UsageError(f"reference {reference!r} is not among the conditions: {', '.join(conditions)}")
     split = paired_table(items[["item_id", "condition", "correct"]], reference).set_index("condition")
     rows = []
     for c in conditions:

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from bcr_core import paper
 from bcr_core.engine.kv import KV
+from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
 from bcr_core.repair.layouts import best
 from bcr_core.repair.row_scores import group_scores, row_scores
@@ -48,14 +49,14 @@ class UnitCurveConfig:
 
     def __post_init__(self):
         if not self.seeds:
-            raise ValueError("the probe needs at least one random seed to compare informed choice with")
+            raise UsageError("the probe needs at least one random seed to compare informed choice with")
         if not 0.0 < self.budget <= 1.0:
-            raise ValueError(f"the budget must lie in (0, 1], got {self.budget}")
+            raise UsageError(f"the budget must lie in (0, 1], got {self.budget}")
         if not self.units or len(set(self.units)) != len(self.units):
-            raise ValueError(f"units {list(self.units)}: give at least one unit, each once")
+            raise UsageError(f"units {list(self.units)}: give at least one unit, each once")
         too_long = [u for u in self.units if u < 1 or u > self.segment_tokens]
         if too_long:
-            raise ValueError(f"units {too_long} do not fit a {self.segment_tokens}-token segment")
+            raise UsageError(f"units {too_long} do not fit a {self.segment_tokens}-token segment")
 
 
 def default_texts(n: int = 6) -> list[str]:
@@ -75,7 +76,7 @@ def read_prompts(path: Path) -> list[str]:
     path = Path(path)
     wanted = "give a JSONL file, one object with a 'text' field per line"
     if path.is_dir() or not path.exists():
-        raise ValueError(f"--prompts {path}: {'is a folder' if path.is_dir() else 'no such file'}; {wanted}")
+        raise UsageError(f"--prompts {path}: {'is a folder' if path.is_dir() else 'no such file'}; {wanted}")
     texts = []
     for number, line in enumerate(utf8_text(path, "JSON lines with a 'text' field").splitlines(), start=1):
         if line.strip():
@@ -84,10 +85,10 @@ def read_prompts(path: Path) -> list[str]:
             except json.JSONDecodeError:
                 row = None
             if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"{path}:{number}: each line must be a JSON object with a 'text' field")
+                raise UsageError(f"{path}:{number}: each line must be a JSON object with a 'text' field")
             texts.append(row["text"])
     if not texts:
-        raise ValueError(f"--prompts {path} holds no prompts; {wanted}")
+        raise UsageError(f"--prompts {path} holds no prompts; {wanted}")
     return texts
 
 
@@ -110,7 +111,7 @@ class Case:
 def build_case(bb, text: str, config: UnitCurveConfig) -> Case:
     segment = tokenize(bb.tokenizer, text)
     if len(segment) < config.segment_tokens:
-        raise ValueError(f"a prompt has {len(segment)} tokens, fewer than --segment-tokens {config.segment_tokens}")
+        raise UsageError(f"a prompt has {len(segment)} tokens, fewer than --segment-tokens {config.segment_tokens}")
     segment = segment[: config.segment_tokens]
     before, after = render(bb.tokenizer, SYSTEM, USER).split("{" + QUESTION + "}")
     prefix, suffix = tokenize(bb.tokenizer, before), tokenize(bb.tokenizer, after)
@@ -189,7 +190,7 @@ def unit_curve(
 ) -> pd.DataFrame:
     """Per prompt and unit: errors unrepaired, informed, and random (one row per seed)."""
     if len(texts) < 3:
-        raise ValueError("the probe needs at least 3 prompts: each is predicted from the others' anchors")
+        raise UsageError("the probe needs at least 3 prompts: each is predicted from the others' anchors")
     cases = [build_case(bb, t, config) for t in tqdm(texts, desc="dense prefills", disable=not progress)]
     predicted = predicted_caches(bb, cases)
     rows = []

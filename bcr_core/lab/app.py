@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bcr_core.errors import UsageError
 from bcr_core.lab.notebooks import APP
 from bcr_core.paths import CHECKOUT, NOTEBOOKS, RESULTS
 
@@ -55,13 +56,13 @@ def explorer_notebook(parameters: dict, folder: Path, results: Path = SAVED, res
     folders = {"results", "results_dir"}  # set by the app, absolute
     unknown = sorted(k for k in parameters if k not in declared or k in folders)
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"notebook 09 has no parameter {unknown[0]!r} to set (results folders are --results); "
             f"its parameters: {', '.join(k for k in declared if k not in folders)}"
         )
     results = Path(results).resolve()
     if not results.is_dir():
-        raise ValueError(f"--results {results} is not a folder")
+        raise UsageError(f"--results {results} is not a folder")
     defaults = {k: ast.literal_eval(v["default"]) for k, v in declared.items()}  # the parameters cell's literals
     values = defaults | parameters | {"results": str(results), "results_dir": str(Path(results_dir).resolve())}
     explicit = tuple(sorted(parameters))
@@ -70,7 +71,7 @@ def explorer_notebook(parameters: dict, folder: Path, results: Path = SAVED, res
             checked = params.check(**values).smoke()  # what the notebook will use
         checked = checked.at_least("n", inspection.MIN_REQUESTS, inspection.WHY_MIN_REQUESTS).as_dict()
     except params.ParameterError as err:
-        raise ValueError(str(err)) from None
+        raise UsageError(str(err)) from None
     notebook = parameterize_notebook(load_notebook_node(str(NOTEBOOK)), values)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / NOTEBOOK.name
@@ -127,9 +128,9 @@ def free_port() -> int:
 
 def check_port(port: int) -> None:
     if not 1 <= port <= 65535:
-        raise ValueError(f"--port must be in 1-65535, got {port}")
+        raise UsageError(f"--port must be in 1-65535, got {port}")
     if not port_free(port):
-        raise ValueError(f"port {port} on localhost (127.0.0.1 or [::1]) is in use; pick another with --port")
+        raise UsageError(f"port {port} on localhost (127.0.0.1 or [::1]) is in use; pick another with --port")
 
 
 def voila_command(notebook: Path, port: int) -> list[str]:
@@ -176,7 +177,7 @@ def start(notebook: Path, port: int, log=None, explicit: tuple[str, ...] = ()) -
     try:
         import voila  # noqa: F401
     except ImportError:
-        raise ValueError(
+        raise UsageError(
             f"voila is not installed in this environment; `{sys.executable} -m pip install voila`"
         ) from None
     process = subprocess.Popen(

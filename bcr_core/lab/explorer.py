@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from bcr_core import paper
+from bcr_core.errors import UsageError
 from bcr_core.lab.inspection import CallView, Inspection
 from bcr_core.repair.layouts import LayoutConfig, layout
 
@@ -236,7 +237,7 @@ class Explorer:
         import ipywidgets as W
 
         if not inspection.views:
-            raise ValueError("no call was served from an assembled cache: serve more requests (n) or raise gamma")
+            raise UsageError("no call was served from an assembled cache: serve more requests (n) or raise gamma")
         self.bb, self.served_as, self.max_new_tokens, self.chunk = bb, served_as, max_new_tokens, chunk
         self.views = {(v.index, v.node): v for v in inspection.views}
         self.items = sorted({i for i, _ in self.views})

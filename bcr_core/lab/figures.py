@@ -6,16 +6,25 @@ condition, as `tables.condition_table` builds it: `condition`, `accuracy`, `agre
   Equation 3 from Dense to a reuse endpoint (paper §4.2; notebooks 02 and 08).
 - `accuracy_bars`: accuracy with its Wilson 95% interval and agreement with Dense, per condition
   (notebooks 05 and 10).
+
+And the figures a notebook would otherwise draw with plotly in its cells:
+
+- `gate_line`: Equation 3's points from `claims.gate_points`, with the line through the first two
+  (Dense and the reuse endpoint) when the endpoint reused anything (notebook 10).
+- `budget_sweep`: accuracy and agreement with Dense against the repair budget, one point per coin
+  seed, the mean over seeds with its min-max span, and Dense and KVComm as levels (notebook 06).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from bcr_core.experiments.stats import reuse_accuracy_line
+from bcr_core.experiments.summary import with_agreement
 
 PANELS = {"accuracy": "accuracy (%)", "agrees_dense": "items identical to Dense (%)"}
 REUSE_AXIS = "reuse rate (fraction of calls served from cache)"
@@ -66,4 +75,66 @@ def accuracy_bars(table: pd.DataFrame, title: str, **layout) -> go.Figure:
     fig.add_bar(x=table["condition"], y=100 * table["agrees_dense"], name="identical to Dense")
     fig.update_layout(barmode="group", title=title, xaxis_title="condition", yaxis_title="items (%)")
     fig.update_layout(yaxis_range=[0, 105], **layout)
+    return fig
+
+
+def gate_line(points: pd.DataFrame, title: str = "Equation 3: accuracy against reuse rate") -> go.Figure:
+    """`points` (condition, reuse_rate, accuracy in percent; Dense, then the reuse endpoint, then the
+    rest) as labelled markers, and Equation 3's line from reuse 0 to 1 through the first two."""
+    fig = px.scatter(points, x="reuse_rate", y="accuracy", text="condition", title=title)
+    dense, endpoint = points.iloc[0], points.iloc[1]
+    if endpoint["reuse_rate"] > 0:
+        line = reuse_accuracy_line(dense["accuracy"], endpoint["accuracy"], endpoint["reuse_rate"])
+        ends = np.array([0.0, 1.0])
+        fig.add_trace(go.Scatter(x=ends, y=line(ends), mode="lines", name="Equation 3", line=dict(dash="dot")))
+    fig.update_traces(textposition="top center")
+    fig.update_layout(xaxis_title="reuse rate", yaxis_title="accuracy (%)", height=420)
+    return fig
+
+
+def budget_sweep(items: pd.DataFrame, coins: dict, title: str) -> go.Figure:
+    """Two panels (accuracy, agreement with Dense) against the budget rho: each coin run as a point
+    (`coins` maps (rho, seed) to its condition), the mean over seeds with bars spanning min to max,
+    and the levels of `dense` and `kvcomm` as lines."""
+    per_run = with_agreement(items).groupby("condition", as_index=False)[["correct", "agrees_dense"]].mean()
+    per_run["rho"] = per_run["condition"].map({v: k[0] for k, v in coins.items()})
+    per_run["seed"] = per_run["condition"].map({v: k[1] for k, v in coins.items()})
+    coin = per_run.dropna(subset=["rho"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy", "agreement with Dense"))
+    for col, value in enumerate(["correct", "agrees_dense"], start=1):
+        fig.add_scatter(
+            x=coin["rho"],
+            y=100 * coin[value],
+            mode="markers",
+            marker=dict(size=8, opacity=0.6),
+            text="seed " + coin["seed"].astype("Int64").astype(str),
+            name="one seed",
+            showlegend=col == 1,
+            row=1,
+            col=col,
+        )
+        means = coin.groupby("rho", as_index=False)[value].agg(["mean", "min", "max"])
+        span = dict(
+            type="data",
+            symmetric=False,
+            array=100 * (means["max"] - means["mean"]),
+            arrayminus=100 * (means["mean"] - means["min"]),
+        )
+        fig.add_scatter(
+            x=means["rho"],
+            y=100 * means["mean"],
+            mode="lines+markers",
+            name="mean over seeds",
+            error_y=span,
+            showlegend=col == 1,
+            row=1,
+            col=col,
+        )
+        for name, dash in [("dense", "dash"), ("kvcomm", "dot")]:
+            level = 100 * per_run.set_index("condition").loc[name, value]
+            fig.add_hline(y=level, line_dash=dash, annotation_text=name, row=1, col=col)
+        fig.update_xaxes(title_text="repair budget ρ (fraction of cached rows)", row=1, col=col)
+    fig.update_yaxes(title_text=PANELS["accuracy"], row=1, col=1)
+    fig.update_yaxes(title_text=PANELS["agrees_dense"], row=1, col=2)
+    fig.update_layout(title=title, height=460)
     return fig

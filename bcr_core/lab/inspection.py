@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
 from bcr_core.data import benchmarks
 from bcr_core.engine.backbone import Draft
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import make_server, parse
 from bcr_core.lab.tables import preview
 from bcr_core.paths import written_whole
@@ -214,7 +215,7 @@ class Inspection:
         chosen = [v for v in self.views if (index is None or v.index == index) and (node is None or v.node == node)]
         if not chosen:
             have = sorted({(v.index, v.node) for v in self.views})
-            raise ValueError(
+            raise UsageError(
                 f"no call served from an assembled cache at item {index}, node {node}; "
                 f"inspectable calls: {have or 'none (every call was served densely)'}"
             )
@@ -276,7 +277,7 @@ def settings_of(parameters: dict) -> dict:
     """The `KEYS` of a notebook's parameters: what decides an inspection's content."""
     missing = [k for k in KEYS if k not in parameters]
     if missing:
-        raise ValueError(f"an inspection's settings need {', '.join(missing)}; got {', '.join(parameters)}")
+        raise UsageError(f"an inspection's settings need {', '.join(missing)}; got {', '.join(parameters)}")
     return {k: parameters[k] for k in KEYS}
 
 
@@ -333,20 +334,20 @@ def load(path, parameters: dict | None = None) -> Inspection:
     refuse one saved with other settings."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"no saved inspection at {path}")
+        raise UsageError(f"no saved inspection at {path}")
     try:
         stored = torch.load(path, weights_only=True)
         document, tensors = json.loads(stored["document"]), stored["tensors"]
     except Exception as err:
-        raise ValueError(f"{path} is not a saved inspection ({type(err).__name__}: {err})") from None
+        raise UsageError(f"{path} is not a saved inspection ({type(err).__name__}: {err})") from None
     if document.get("format") != FORMAT:
-        raise ValueError(f"{path} has format {document.get('format')!r}; this lab reads {FORMAT!r}")
+        raise UsageError(f"{path} has format {document.get('format')!r}; this lab reads {FORMAT!r}")
     if parameters is not None:
         wanted = settings_of(parameters)
         differ = [k for k in KEYS if document["parameters"].get(k) != wanted[k]]
         if differ:
             k = differ[0]
-            raise ValueError(f"{path} was saved with {k}={document['parameters'].get(k)!r}, not {wanted[k]!r}")
+            raise UsageError(f"{path} was saved with {k}={document['parameters'].get(k)!r}, not {wanted[k]!r}")
     requests = [
         RequestRecord(r["item_id"], r["benchmark"], r["condition"], [CallRecord(**c) for c in r["calls"]])
         for r in document["requests"]
@@ -367,7 +368,7 @@ def find(parameters: dict, folders) -> Path | None:
     name = file_name(parameters)
     found = next((Path(f) / name for f in folders if (Path(f) / name).is_file()), None)
     if found is not None and not zipfile.is_zipfile(found):  # torch.save writes a zip, its index last
-        raise ValueError(
+        raise UsageError(
             f"{found} is truncated or damaged (not a complete saved inspection); delete it and the requests "
             "are served with the model again"
         )

@@ -5,7 +5,7 @@ kernel (registered by `make setup`), writes each executed copy and an HTML expor
 output folder, and reports every failure by notebook and cell:
 
     02_gate_sweep.ipynb failed at cell 3 of 15, line 3 (`P = params.check(model=model, ...`):
-        ParameterError: parameter 'n' expects int >= 1, got str '60'
+        ParameterError: parameter 'n': expected int >= 1, got str '60'
 
 With `smoke=True` every notebook shrinks its work to a CI-sized run (see `bcr_core.lab.params.SMOKE`)
 and keeps its run records under the output folder, so a smoke run never mixes with real results.
@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bcr_core.errors import UsageError
 from bcr_core.paths import NOTEBOOKS
 
 KERNEL = "bcr-lab"
@@ -29,7 +30,7 @@ NOTEBOOK_DIR = NOTEBOOKS
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class NotebookError(RuntimeError):
+class NotebookError(UsageError):
     """A notebook could not be run (missing kernel, unknown notebook or parameter)."""
 
 

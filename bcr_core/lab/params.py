@@ -1,9 +1,9 @@
 """Checking a notebook's parameters before any work starts.
 
 Every notebook opens with a papermill `parameters` cell (plain assignments a user or papermill
-overrides) and then a cell that hands them to `check`:
+overrides) and then a cell that hands them all to `check`, through `from_cell`:
 
-    P = params.check(model=model, benchmark=benchmark, n=n, smoke=smoke, ...)
+    P = params.from_cell(globals()).smoke(...)
 
 `check` knows every parameter name the lab's notebooks use (`SCHEMA`) and raises
 `ParameterError` on the first value of the wrong type or out of range, naming the parameter,
@@ -14,173 +14,27 @@ instead of a traceback deep in `bcr_core`. `Params.smoke` swaps in the CI-sized 
 from __future__ import annotations
 
 import html
-import math
-import numbers
 import os
-from dataclasses import dataclass
 from typing import Any
 
-from bcr_core.data.benchmarks import NAMES
+from bcr_core.settings import (  # noqa: F401  (the kinds, re-exported: notebooks declare parameters with them)
+    RUN,
+    SEED,
+    Bool,
+    ConditionName,
+    Float,
+    Int,
+    Kind,
+    ListOf,
+    Optional,
+    SettingError,
+    Str,
+    check_setting,
+)
 
 
-class ParameterError(TypeError):
+class ParameterError(SettingError, TypeError):
     """A notebook parameter of the wrong type or out of range; the message says which and why."""
-
-
-# -- value kinds --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Kind:
-    def describe(self) -> str:
-        raise NotImplementedError
-
-    def accepts(self, value) -> bool:
-        raise NotImplementedError
-
-    def problem(self, value) -> str | None:
-        """Why an accepted value is still unusable (out of range, unknown choice), or None."""
-        return None
-
-    def normalise(self, value):
-        return value
-
-
-@dataclass(frozen=True)
-class Bool(Kind):
-    def describe(self):
-        return "bool (True or False)"
-
-    def accepts(self, value):
-        return isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class Int(Kind):
-    low: int | None = None
-    high: int | None = None
-
-    def describe(self):
-        return "int" + _range_text(self.low, self.high)
-
-    def accepts(self, value):
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-    def problem(self, value):
-        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
-            return f"{value} is outside{_range_text(self.low, self.high)}"
-        return None
-
-    def normalise(self, value):
-        return int(value)
-
-
-@dataclass(frozen=True)
-class Float(Kind):
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False  # True: the low end itself is excluded
-
-    def describe(self):
-        return "float (a number)" + _range_text(self.low, self.high, self.open_low)
-
-    def accepts(self, value):
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-    def problem(self, value):
-        if not math.isfinite(value):
-            return f"{value} is not a finite number"
-        below = self.low is not None and (value <= self.low if self.open_low else value < self.low)
-        if below or (self.high is not None and value > self.high):
-            return f"{value} is outside{_range_text(self.low, self.high, self.open_low)}"
-        return None
-
-    def normalise(self, value):
-        return float(value)
-
-
-@dataclass(frozen=True)
-class Str(Kind):
-    choices: tuple[str, ...] = ()
-
-    def describe(self):
-        return "str" + (f" (one of {', '.join(map(repr, self.choices))})" if self.choices else "")
-
-    def accepts(self, value):
-        return isinstance(value, str)
-
-    def problem(self, value):
-        if self.choices and value not in self.choices:
-            return f"{value!r} is not one of {', '.join(map(repr, self.choices))}"
-        if not self.choices and not value.strip():
-            return "it is empty"
-        return None
-
-
-@dataclass(frozen=True)
-class ConditionName(Str):
-    """A condition such as `kvcomm@0.5` or `bcr-chunk@0.2:chunk=16` (see `bcr_core.experiments.conditions`)."""
-
-    def describe(self):
-        return "str (a condition, e.g. 'kvcomm' or 'bcr-chunk@0.2')"
-
-    def problem(self, value):
-        from bcr_core.experiments.conditions import parse
-
-        try:
-            parse(value)
-        except ValueError as err:
-            return str(err)
-        return None
-
-
-@dataclass(frozen=True)
-class ListOf(Kind):
-    item: Kind
-    min_len: int = 1
-
-    def describe(self):
-        return f"list of {self.item.describe()}" + (f", at least {self.min_len}" if self.min_len > 1 else "")
-
-    def accepts(self, value):
-        return isinstance(value, (list, tuple)) and all(self.item.accepts(v) for v in value)
-
-    def problem(self, value):
-        if len(value) < self.min_len:
-            return f"it has {len(value)} entries, fewer than {self.min_len}"
-        for i, v in enumerate(value):
-            why = self.item.problem(v)
-            if why:
-                return f"entry {i}: {why}"
-        return None
-
-    def normalise(self, value):
-        return [self.item.normalise(v) for v in value]
-
-
-@dataclass(frozen=True)
-class Optional(Kind):
-    inner: Kind
-
-    def describe(self):
-        return f"{self.inner.describe()} or None"
-
-    def accepts(self, value):
-        return value is None or self.inner.accepts(value)
-
-    def problem(self, value):
-        return None if value is None else self.inner.problem(value)
-
-    def normalise(self, value):
-        return None if value is None else self.inner.normalise(value)
-
-
-def _range_text(low, high, open_low: bool = False) -> str:
-    if low is not None and high is not None:
-        return f" in {'(' if open_low else '['}{low:g}, {high:g}]"
-    if low is not None:
-        return f" {'>' if open_low else '>='} {low:g}"
-    if high is not None:
-        return f" <= {high:g}"
-    return ""
 
 
 LAYOUT_NAMES = ("chunk", "grow", "single")
@@ -188,13 +42,14 @@ FRACTION = Float(0.0, 1.0)
 
 # Every parameter any notebook declares, with the kind of value it takes.
 SCHEMA: dict[str, Kind] = {
-    "model": Str(),  # 'default' (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id
-    "benchmark": Str(NAMES),
-    "agents": Int(2, 5),
-    "n": Int(1),
-    "max_new_tokens": Int(1),
-    "item_seed": Int(0),  # the synthetic task's items
-    "pinned": Optional(Str()),  # give every agent this role
+    # the settings a notebook shares with `bcr run`, as `bcr run` checks them (bcr_core.settings.RUN)
+    "model": RUN["model"].kind,  # 'default' (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id
+    "benchmark": RUN["benchmark"].kind,
+    "agents": RUN["agents"].kind,
+    "n": RUN["n"].kind,
+    "max_new_tokens": RUN["max_new_tokens"].kind,
+    "item_seed": RUN["item_seed"].kind,  # the synthetic task's items
+    "pinned": RUN["pinned"].kind,  # give every agent this role
     "conditions": ListOf(ConditionName()),
     "condition": ConditionName(),
     "reuse": ConditionName(),  # a reuse condition, e.g. kvcomm or kvcomm@1
@@ -203,7 +58,7 @@ SCHEMA: dict[str, Kind] = {
     "theta": FRACTION,
     "rho": FRACTION,
     "rhos": ListOf(FRACTION),
-    "seeds": ListOf(Int(0)),
+    "seeds": ListOf(SEED),  # at least one
     "chunk": Int(1),
     "block": Int(1),
     "item": Optional(Int(0)),
@@ -243,13 +98,11 @@ def check_value(name: str, value, kind: Kind | None = None):
     ParameterError naming the parameter, the expected type and what was given."""
     kind = kind or SCHEMA.get(name)
     if kind is None:
-        raise ParameterError(f"unknown parameter {name!r}: bcr_core.lab.params.SCHEMA declares no type for it")
-    if not kind.accepts(value):
-        raise ParameterError(f"parameter {name!r} expects {kind.describe()}, got {type(value).__name__} {value!r}")
-    why = kind.problem(value)
-    if why:
-        raise ParameterError(f"parameter {name!r} expects {kind.describe()}, got {value!r}: {why}")
-    return kind.normalise(value)
+        raise ParameterError(name, "bcr_core.lab.params.SCHEMA declares no type for it", f"unknown parameter {name!r}")
+    try:
+        return check_setting(name, value, kind)
+    except SettingError as err:
+        raise ParameterError(name, err.detail, f"parameter {name!r}") from None
 
 
 class Params:
@@ -278,7 +131,9 @@ class Params:
         """A copy with some values changed (checked like the originals)."""
         unknown = [k for k in changes if k not in self._values]
         if unknown:
-            raise ParameterError(f"cannot replace {unknown}: this notebook's parameters are {', '.join(self._values)}")
+            raise ParameterError(
+                unknown[0], f"this notebook's parameters are {', '.join(self._values)}", f"cannot replace {unknown}"
+            )
         values = self._values | {k: check_value(k, v) for k, v in changes.items()}
         return Params(values, tuple(k for k in values if values[k] != self._values[k]) or self._changed)
 
@@ -286,7 +141,7 @@ class Params:
         """Refuse, before any work, a value too small for the notebook to show anything."""
         if self._values[name] < minimum:
             raise ParameterError(
-                f"parameter {name!r} is {self._values[name]}, but {why}: raise {name} to at least {minimum}"
+                name, f"got {self._values[name]}, but {why}: raise {name} to at least {minimum}", f"parameter {name!r}"
             )
         return self
 
@@ -314,6 +169,18 @@ class Params:
             for k, v in self._values.items()
         )
         return f"<table><tr><th>parameter</th><th>value</th><th></th></tr>{rows}</table>"
+
+
+CELL_NAMES = "__bcr_parameter_names__"  # where `from_cell` keeps the names it found, in the namespace
+
+
+def from_cell(namespace: dict) -> Params:
+    """`check` of the parameters a notebook's parameters cell bound in `namespace` (the notebook's
+    `globals()`): every name SCHEMA declares that is bound there, in the cell's order. The names are
+    fixed on the first call in a kernel, so when the cell is run again after later cells, a later
+    variable that happens to share a parameter's name is not taken for one."""
+    names = namespace.setdefault(CELL_NAMES, [name for name in namespace if name in SCHEMA])
+    return check(**{name: namespace[name] for name in names})
 
 
 def check(**values) -> Params:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from bcr_core.data import benchmarks
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import DEFAULT_VALUES, OPTIONS, parse
 from bcr_core.experiments.runner import Cell, read_jsonl, run_cell
 
@@ -173,7 +174,7 @@ def collect(
             folder = results_dir / grid.slug / safe_name(condition)
             bb = backbone() if callable(backbone) else backbone
             if bb is None:
-                raise ValueError(
+                raise UsageError(
                     f"no finished run of {condition} on {grid.slug} under {results_dir}, "
                     "and no model to compute it with"
                 )

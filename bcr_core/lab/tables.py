@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import REPAIR_LAYOUTS, layout_config, parse, value_of
-from bcr_core.experiments.stats import SPLIT, line_residuals, paired_split, paired_table, wilson_ci
+from bcr_core.experiments.stats import SPLIT, line_residuals, paired_split, paired_table, reuse_accuracy_line, wilson_ci
 from bcr_core.experiments.summary import paired_only, with_agreement
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.prompts import tokenization_diff
@@ -129,7 +130,7 @@ def line_table(table: pd.DataFrame, dense: str, endpoint: str, value: str = "acc
     by = table.set_index("condition")
     rate = float(by.loc[endpoint, "reuse_rate"])
     if rate <= 0:
-        raise ValueError(
+        raise UsageError(
             f"{endpoint} reused no call, so Equation 3's line through it is undefined: "
             "run more items (the anchor pool warms up) or raise gamma"
         )
@@ -150,8 +151,9 @@ def line_table(table: pd.DataFrame, dense: str, endpoint: str, value: str = "acc
 def line_points(dense_value: float, endpoint_value: float, endpoint_rate: float, steps: int = 21) -> pd.DataFrame:
     """Points of Equation 3's line from reuse 0 to 1, for plotting (values in the given unit)."""
     rates = np.linspace(0.0, 1.0, steps)
-    slope = (dense_value - endpoint_value) / endpoint_rate
-    return pd.DataFrame({"reuse_rate": rates, "value": dense_value - slope * rates})
+    return pd.DataFrame(
+        {"reuse_rate": rates, "value": reuse_accuracy_line(dense_value, endpoint_value, endpoint_rate)(rates)}
+    )
 
 
 def condition_budget(condition: str) -> tuple[str, float, LayoutConfig] | None:

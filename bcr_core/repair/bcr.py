@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from bcr_core import paper
+from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import RANKS, Layout, check_rho
+from bcr_core.repair.selectors import Selector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.calls import Served, decode_call
 from bcr_core.reuse.segments import predicted_rows
@@ -33,7 +35,7 @@ from bcr_core.reuse.servers import KVCommServer
 class MatchedBudget:
     """The BCR rule whose row count a control matches on each call: its selector and layout."""
 
-    selector: object
+    selector: Selector
     layout: Layout
 
     def rows(self, bb, kv, ids, candidates, rho) -> int:
@@ -45,7 +47,7 @@ class BCRServer(KVCommServer):
     def __init__(
         self,
         bb,
-        selector,
+        selector: Selector,
         layout: Layout,
         rho: float = paper.RHO,
         config: KVCommConfig = KVCommConfig(),
@@ -53,10 +55,12 @@ class BCRServer(KVCommServer):
         rank: str = "all",
         match: MatchedBudget | None = None,
     ):
+        if not isinstance(selector, Selector):
+            raise TypeError(f"a BCR server needs a repair.selectors.Selector, got {type(selector).__name__}")
         super().__init__(bb, config, name)
         check_rho(rho)
         if rank not in RANKS:
-            raise ValueError(f"rank must be one of {', '.join(RANKS)}; got {rank!r}")
+            raise UsageError(f"rank must be one of {', '.join(RANKS)}; got {rank!r}")
         self.selector, self.layout, self.rho, self.rank, self.match = selector, layout, rho, rank, match
 
     def candidates(self, m: int, spans: list[dict]) -> torch.Tensor:
@@ -90,5 +94,5 @@ class BCRServer(KVCommServer):
 
     def replay(self, call: dict) -> None:
         super().replay(call)
-        if call["rows_recomputed"] and hasattr(self.selector, "draw"):  # the coin advanced once on this call
-            self.selector.draw(len(self.candidates(len(call["merged_ids"]) - 1, call["segment_map"])))
+        if call["rows_recomputed"]:  # the selector ranked this call's candidates
+            self.selector.replay(len(self.candidates(len(call["merged_ids"]) - 1, call["segment_map"])))

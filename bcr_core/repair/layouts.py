@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from bcr_core import paper
+from bcr_core.errors import UsageError
 from bcr_core.repair.row_scores import group_scores
 
 SKIP_RULES = ("alg1", "off")
@@ -46,14 +47,14 @@ class LayoutConfig:
 
     def __post_init__(self):
         if self.chunk < 1 or self.span_cap < 1 or not 0.0 <= self.tau <= 1.0:
-            raise ValueError(f"need chunk >= 1, span_cap >= 1 and tau in [0, 1]; got {self}")
+            raise UsageError(f"need chunk >= 1, span_cap >= 1 and tau in [0, 1]; got {self}")
         if self.skip not in SKIP_RULES:
-            raise ValueError(f"skip must be one of {', '.join(SKIP_RULES)}; got {self.skip!r}")
+            raise UsageError(f"skip must be one of {', '.join(SKIP_RULES)}; got {self.skip!r}")
 
 
 def check_rho(rho: float) -> None:
     if not 0.0 <= rho <= 1.0:
-        raise ValueError(f"the repair budget rho must lie in [0, 1], got {rho}")
+        raise UsageError(f"the repair budget rho must lie in [0, 1], got {rho}")
 
 
 def best(scores: torch.Tensor, count: int) -> torch.Tensor:
@@ -178,4 +179,4 @@ def layout(name: str, config: LayoutConfig = LayoutConfig()) -> Layout:
     try:
         return LAYOUTS[name](config)
     except KeyError:
-        raise ValueError(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}") from None
+        raise UsageError(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}") from None

@@ -15,14 +15,13 @@ import torch
 
 from bcr_core import paper
 from bcr_core.engine.kv import KV
+from bcr_core.errors import UsageError
 from bcr_core.reuse.anchors import KVCommConfig
-from bcr_core.reuse.calls import Decode, Served
+from bcr_core.reuse.calls import Decode, Refused, Served
 from bcr_core.reuse.servers import KVCommServer
 
 
 class OpenGateServer(KVCommServer):
-    refusal = "low_confidence"
-
     def __init__(
         self,
         bb,
@@ -33,7 +32,7 @@ class OpenGateServer(KVCommServer):
     ):
         super().__init__(bb, config, name)
         if not 0.0 <= theta <= 1.0:
-            raise ValueError(f"OpenGate's theta must lie in [0, 1], got {theta}")
+            raise UsageError(f"OpenGate's theta must lie in [0, 1], got {theta}")
         self.theta, self.k = theta, k
 
     def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
@@ -41,7 +40,7 @@ class OpenGateServer(KVCommServer):
         draft = yield Decode(kv, ids[-1], steps, keep_logits=True)
         confidence = float(torch.stack(draft.logits).softmax(-1).amax(-1).mean())
         if confidence < self.theta:
-            return None
+            return Refused("low_confidence")
         tokens = list(draft.tokens)
         if not draft.stopped and len(tokens) < max_new_tokens:
             cache = draft.cache  # rows: the prompt's last token and all drafted tokens but the last

@@ -1,8 +1,10 @@
-"""Selectors: what ranks an assembled cache's rows for repair. One protocol, three rules.
+"""Selectors: what ranks an assembled cache's rows for repair. One protocol (`Selector`), three rules.
 
 `rank(bb, kv, ids, last_id, rows=None) -> Ranking`: the scores of the candidate `rows` of the
 assembled cache (default every row; BCR may pass only the predicted ones), higher = repair first,
-and the draft a selector ran to score them (kept for a call's trace).
+and the draft a selector ran to score them (kept for a call's trace). `replay(m)`: what ranking m
+candidate rows did to the selector's own state, redone without the cache, for a call replayed when
+a run resumes (nothing, unless the selector draws from a stream).
 
 - DraftSelector (BCR, Algorithm 2): draft k = 2 tokens, score rows by the attention they got.
 - CoinSelector (the random control): a seeded stream that advances once per repaired call and
@@ -15,6 +17,7 @@ and the draft a selector ran to score them (kept for a call's trace).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +25,7 @@ import torch
 
 from bcr_core import paper
 from bcr_core.engine.backbone import Draft
+from bcr_core.errors import UsageError
 from bcr_core.repair.row_scores import row_scores
 
 
@@ -31,7 +35,21 @@ class Ranking:
     draft: Draft | None = None
 
 
-class DraftSelector:
+class Selector(ABC):
+    """What ranks the rows of an assembled cache for repair; a subclass must define `rank`."""
+
+    name: str
+
+    @abstractmethod
+    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+        """Scores of the candidate `rows` of `kv` (every row when None), higher = repair first."""
+
+    def replay(self, m: int) -> None:
+        """Redo the state change of ranking m candidates on a call that repaired rows (none by default)."""
+        return
+
+
+class DraftSelector(Selector):
     name = "draft"
 
     def __init__(self, k: int = paper.DRAFT_TOKENS):
@@ -43,17 +61,20 @@ class DraftSelector:
         return Ranking(scores if rows is None else scores[rows], draft)
 
 
-class CoinSelector:
+class CoinSelector(Selector):
     name = "coin"
 
     def __init__(self, seed: int = 0, unit: int = 1):
         if unit < 1:
-            raise ValueError(f"the coin's unit must be >= 1 row, got {unit}")
+            raise UsageError(f"the coin's unit must be >= 1 row, got {unit}")
         self.seed, self.unit = seed, unit
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
     def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
         return Ranking(self.draw(kv.length if rows is None else len(rows)))
+
+    def replay(self, m: int) -> None:
+        self.draw(m)  # the stream advanced once on the call
 
     def draw(self, m: int) -> torch.Tensor:
         """One draw of the stream over m rows: one uniform per unit of `unit` consecutive rows
@@ -62,7 +83,7 @@ class CoinSelector:
         return units.repeat_interleave(self.unit)[:m]
 
 
-class CacheBlendSelector:
+class CacheBlendSelector(Selector):
     """`layer` is the check layer (CacheBlend's is 1, the default): fresh values there need the
     layers up to it run over the whole prompt, layer + 1 of them."""
 

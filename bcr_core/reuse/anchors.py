@@ -21,6 +21,7 @@ import torch
 
 from bcr_core import paper
 from bcr_core.engine.kv import KV, ROW_DIM
+from bcr_core.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,11 @@ class KVCommConfig:
 
     def __post_init__(self):
         if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must lie in [0, 1] (1.0 never refuses), got {self.gamma}")
+            raise UsageError(f"gamma must lie in [0, 1] (1.0 never refuses), got {self.gamma}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+            raise UsageError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.max_anchors < 2 or not 1 <= self.eviction_window <= self.max_anchors:
-            raise ValueError("need max_anchors >= 2 and 1 <= eviction_window <= max_anchors")
+            raise UsageError("need max_anchors >= 2 and 1 <= eviction_window <= max_anchors")
 
 
 @dataclass

@@ -10,6 +10,7 @@ comparable across them.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Generator
 from dataclasses import asdict, dataclass, field, replace
 
@@ -113,15 +114,39 @@ class Served:
     draft: Draft | None = None  # the selector's draft, if it drafted
 
 
-class Server:
-    """A serving policy. `steps(prompt, max_new_tokens)` is a generator that yields `Decode`
-    requests and returns the `CallRecord`; `serve` runs it with immediate decoding. Set `trace`
-    to keep a `Trace` on every call served from an assembled cache. Set `prefills` (a
+@dataclass(frozen=True)
+class Refused:
+    """What a KVComm-based server's `serve_assembled` returns when it declines the assembled cache:
+    the call goes to the dense path and `reason` is recorded as the call's reason."""
+
+    reason: str
+
+
+class Server(ABC):
+    """A serving policy, the protocol every server follows (the runner, the pipeline and the lanes
+    call nothing else). `steps(prompt, max_new_tokens)` is a generator that yields `Decode` requests
+    and returns the `CallRecord`; a subclass must define it. `serve` runs it with immediate decoding.
+
+    - `stateless`: True when a call does not depend on earlier calls, so items may be served in any
+      order; False (the default) makes the runner serve the condition's items one at a time, in order.
+    - `replay(call)`: bring the server's state to what serving the stored `call` (its record as a
+      dict) left it in, without decoding; called for every finished call when a run resumes. A
+      stateless server has nothing to replay (the default).
+    - `share_caches(caches)`: take a shared store of exact segment caches (`segments.SegmentCaches`);
+      a server that reads none ignores it (the default).
+
+    Set `trace` to keep a `Trace` on every call served from an assembled cache. Set `prefills` (a
     `segments.SharedPrefills`) to take dense prefills of ids another server already prefilled."""
 
     bb: Backbone
+    name: str
+    stateless: bool = False
     trace: bool = False
     prefills = None
+
+    @abstractmethod
+    def steps(self, prompt, max_new_tokens: int) -> Generator[Decode, Generation, CallRecord]:
+        """Serve one call: yield `Decode` requests, return the `CallRecord`."""
 
     def serve(self, prompt, max_new_tokens: int) -> CallRecord:
         return drive(self.bb, self.steps(prompt, max_new_tokens))
@@ -130,5 +155,10 @@ class Server:
         """A call's dense prefill: computed here, or taken from the shared store when one is set."""
         return self.bb.prefill(ids) if self.prefills is None else self.prefills(ids)
 
-    def steps(self, prompt, max_new_tokens: int) -> Generator[Decode, Generation, CallRecord]:
-        raise NotImplementedError
+    def replay(self, call: dict) -> None:
+        """Nothing to bring back by default (a stateless server)."""
+        return
+
+    def share_caches(self, caches) -> None:
+        """Nothing to share by default (a server that reads no segment caches)."""
+        return

@@ -95,8 +95,7 @@ def share_segment_caches(bb: Backbone, servers) -> SegmentCaches:
     exact, so sharing changes no result; it computes each base cache once instead of once per server."""
     caches = SegmentCaches(bb)
     for server in servers:
-        if hasattr(server, "caches"):
-            server.caches = caches
+        server.share_caches(caches)
     return caches
 
 

@@ -16,7 +16,7 @@ import torch
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.kv import KV
 from bcr_core.reuse.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict_into
-from bcr_core.reuse.calls import CallRecord, Served, Server, Trace, decode_call
+from bcr_core.reuse.calls import CallRecord, Refused, Served, Server, Trace, decode_call
 from bcr_core.reuse.prompts import Prompt
 from bcr_core.reuse.segments import SegmentCaches, placeholder_spans, predicted_rows, rows
 
@@ -77,8 +77,8 @@ class KVCommServer(Server):
             assembled = self.assemble(ids, spans, node, decisions)
             assembly_s = time.perf_counter() - started
             served = yield from self.serve_assembled(assembled, ids, max_new_tokens, started, spans)
-            if served is None:
-                reason = self.refusal
+            if isinstance(served, Refused):
+                reason, served = served.reason, None
             else:
                 for d in decisions:
                     self.pool.activate(d)
@@ -120,16 +120,18 @@ class KVCommServer(Server):
         draft = served.draft or self.bb.draft(assembled, ids[-1])
         return Trace(assembled, draft, served.candidates, served.scores, list(served.repaired_rows))
 
-    # -- hooks for the policies built on this server ----------------------------------------
-    refusal = "refused"  # the reason recorded when serve_assembled declines the assembled cache
+    def share_caches(self, caches: SegmentCaches) -> None:
+        self.caches = caches
 
+    # -- hooks for the policies built on this server ----------------------------------------
     def allocate(self, decisions: list[GateDecision], node: str) -> str:
         """The call's reason: reuse iff every placeholder passed the gate."""
         return next((d.reason for d in decisions if not d.reuse), REUSE)
 
     def serve_assembled(self, kv: KV, ids: list[int], max_new_tokens: int, started: float, spans: list[dict]):
-        """Decode from the assembled cache as it is (KVComm); steps returning a `Served`, or None
-        to send the call to the dense path. `spans` is the prompt's segment map."""
+        """Decode from the assembled cache as it is (KVComm); steps returning a `Served`, or a
+        `Refused(reason)` to send the call to the dense path with that reason recorded. `spans` is
+        the prompt's segment map."""
         generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
         return Served(kv, generation.tokens, ttft, total)
 

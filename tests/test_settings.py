@@ -1,0 +1,85 @@
+"""One settings model (`bcr_core.settings`) for `bcr run`, `bcr grid` and the notebooks' parameter
+cells: the same bad value is refused with the same words on each, under that surface's name for the key."""
+
+import pytest
+
+from bcr_core import cli
+from bcr_core.experiments.conditions import parse
+from bcr_core.lab import params
+from bcr_core.settings import SettingError, check_run
+
+# (key, a bad value, the CLI's spelling of it, what every surface must say after the key)
+CASES = [
+    ("agents", 9, ["--agents", "9"], "expected int in [2, 5], got 9 (9 is outside in [2, 5])"),
+    ("n", 0, ["--n", "0"], "expected int >= 1, got 0 (0 is outside >= 1)"),
+    ("max_new_tokens", 0, ["--max-new-tokens", "0"], "expected int >= 1, got 0 (0 is outside >= 1)"),
+    ("item_seed", -1, ["--item-seed", "-1"], "expected int >= 0, got -1 (-1 is outside >= 0)"),
+]
+
+
+def run_argv(flag: list[str], out) -> list[str]:
+    argv = ["run", "--benchmark", "synthetic", "--conditions", "dense", "--n", "2", "--out", str(out)]
+    if flag[0] == "--n":
+        argv[argv.index("--n") + 1] = flag[1]
+        return argv
+    return argv + flag
+
+
+@pytest.mark.parametrize("key, value, flag, detail", CASES)
+def test_one_bad_value_one_line_on_every_surface(key, value, flag, detail, tmp_path, capsys):
+    # bcr run: the key as its option
+    assert cli.main(run_argv(flag, tmp_path / "run")) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"bcr run: error: {flag[0]}: {detail}"
+    # bcr grid: the key where the file sets it
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n[cells.a]\n{key} = {value}\n')
+    assert cli.main(["grid", str(grid), "--out", str(tmp_path / "g")]) == 2
+    assert capsys.readouterr().err.strip() == f"bcr grid: error: {grid}: cells.a.{key}: {detail}"
+    # a notebook's parameter cell
+    with pytest.raises(params.ParameterError) as refused:
+        params.check(**{key: value})
+    assert str(refused.value) == f"parameter {key!r}: {detail}"
+
+
+def test_an_error_carries_its_key_so_no_caller_reads_the_message():
+    """Checks that read two settings say which one is wrong through the error's key."""
+    cases = [
+        (dict(benchmark="synthetic", pinned="Nobody"), "pinned"),
+        (dict(benchmark="synthetic", agents=6), "agents"),
+        (dict(conditions="dense,kvcom"), "conditions"),
+        (dict(seeds=[-1]), "seeds"),
+        (dict(fidelity=1), "fidelity"),
+    ]
+    for settings, key in cases:
+        with pytest.raises(SettingError) as refused:
+            check_run(settings)
+        assert refused.value.key == key and str(refused.value).startswith(f"--{key}: ")
+    with pytest.raises(SettingError, match="unknown setting"):
+        check_run({"agent": 3})
+
+
+def test_a_grid_default_is_blamed_where_it_was_set(tmp_path, capsys):
+    """A bad value the cell inherits is named in [defaults]; one the cell sets, in the cell."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        '[defaults]\nbenchmark = "synthetic"\nconditions = "dense,kvcomm"\nn = 2\npinned = "Nobody"\n[cells.a]\n'
+    )
+    assert cli.main(["grid", str(grid), "--out", str(tmp_path / "g")]) == 2
+    assert "defaults.pinned: unknown role 'Nobody'" in capsys.readouterr().err
+    grid.write_text(
+        '[defaults]\nbenchmark = "synthetic"\nconditions = "dense,kvcomm"\nn = 2\n[cells.a]\nreference = "opengate"\n'
+    )
+    assert cli.main(["grid", str(grid), "--out", str(tmp_path / "g")]) == 2
+    assert "cells.a.reference: opengate is not among the conditions: dense, kvcomm" in capsys.readouterr().err
+
+
+def test_condition_options_use_the_same_validator():
+    with pytest.raises(ValueError) as refused:
+        parse("bcr-chunk:chunk=0")
+    assert (
+        str(refused.value)
+        == "condition 'bcr-chunk:chunk=0': option chunk: expected int >= 1, got 0 (0 is outside >= 1)"
+    )
+    with pytest.raises(ValueError, match=r"option gamma: expected float \(a number\) in \[0, 1\], got 1.5"):
+        parse("kvcomm:gamma=1.5")
+    assert parse("bcr-grow:tau=0.5,span_cap=3").options == {"tau": 0.5, "span_cap": 3}
