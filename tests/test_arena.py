@@ -339,3 +339,17 @@ def test_notebook_11_runs_headless_in_smoke_mode(tmp_path):
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert "checks passed" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert "Plotly.newPlot" in (out / "11_arena.html").read_text()
+
+
+def test_the_committed_arena_gives_the_readmes_table():
+    """results/arena holds the arena's compact records; every line the README shows of it is what
+    `bcr_core.arena.report` computes from them, and every selector spent the paired rows."""
+    from bcr_core.arena import report
+    from bcr_core.paths import RESULTS
+
+    frame = measures.read_arena(RESULTS / "arena")
+    paired = frame[(frame["budget"] == PAIRED) & ~frame["selector"].str.contains("rank=predicted")]
+    assert (paired.groupby(["item_id", "node"])["rows"].nunique() == 1).all()
+    readme = (RESULTS.parent / "README.md").read_text()
+    for line in report.markdown(RESULTS / "arena").splitlines():
+        assert line in readme, line

@@ -325,3 +325,24 @@ def test_a_claim_transfers_only_with_the_same_verdict_on_every_model_that_tested
     (tmp_path / "y" / "cell.json").write_text(json.dumps({"model": "default"}))
     with pytest.raises(ValueError, match="runs of 2 models"):
         claims_report.model_of(tmp_path)
+
+
+def test_the_committed_gemma_grid_gives_the_readmes_transfer_table():
+    """results/claims-gemma-3-270m holds Gemma 3 270M's runs of the same grid; its verdicts are its own
+    Holm family, recomputed from its records, and the README's transfer table and Gemma grid table
+    are what the two folders give."""
+    root = RESULTS / "claims-gemma-3-270m"
+    tables = claims_report.compute(root)
+    for name in ("verdicts", "verdicts_correct"):
+        committed = pd.read_csv(root / f"{name}.csv")
+        assert tables[name]["verdict"].tolist() == committed["verdict"].tolist()
+        assert tables[name]["p_holm"].fillna(-1).tolist() == pytest.approx(committed["p_holm"].fillna(-1).tolist())
+    assert (
+        claims_report.model_of(root) == "Gemma 3 270M" and claims_report.model_of(RESULTS / "claims") == "SmolLM2-135M"
+    )
+    both = {claims_report.model_of(f): pd.read_csv(f / "verdicts.csv") for f in (RESULTS / "claims", root)}
+    shown = claims_report.transfer_markdown(claims_report.transfer(both), list(both)) + "\n"
+    shown += claims_report.grid_markdown(pd.read_csv(root / "grid_table.csv"))
+    readme = (RESULTS.parent / "README.md").read_text()
+    for line in shown.splitlines():
+        assert line in readme, line
