@@ -26,7 +26,7 @@ from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import make_server, parse
-from bcr_core.experiments.runner import Cell, Interrupted, RunFiles, SharedReference, item_record, read_jsonl
+from bcr_core.experiments.runner import Cell, Interrupted, RunFiles, SharedReference, item_record
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
 
@@ -163,5 +163,4 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
         raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
     finally:
         files.release()
-    table = pd.DataFrame(read_jsonl(files.items_path))
-    return table.sort_values("index", kind="stable").reset_index(drop=True) if len(table) else table
+    return files.items_table()

@@ -187,6 +187,11 @@ class RunFiles:
         if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
             self.lock.unlink()
 
+    def items_table(self) -> pd.DataFrame:
+        """Every item record written so far, in item order."""
+        table = pd.DataFrame(read_jsonl(self.items_path))
+        return table.sort_values("index", kind="stable").reset_index(drop=True) if len(table) else table
+
     def finished(
         self, item_ids: list[str], nodes: list[str], stateful: set[str] = frozenset()
     ) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
@@ -517,5 +522,4 @@ def run_cell(
         raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
     finally:
         files.release()
-    table = pd.DataFrame(read_jsonl(files.items_path))
-    return table.sort_values("index", kind="stable").reset_index(drop=True) if len(table) else table
+    return files.items_table()
