@@ -9,8 +9,8 @@ first, the last cut to the count); a row rule (`seams`, `window`) through the si
 Rankings are computed once per call and spent at every budget.
 
 Each copy gets one teacher-forced forward on Dense's continuation (`DenseReference`; copies of
-one call are stacked along the cache's batch dimension, `BATCH` per forward, and copies with the
-same rows are measured once):
+one call are stacked along the cache's batch dimension, `BATCH` per forward through
+`Backbone.forced_logits_batch`, and copies with the same rows are measured once):
 `kl`, the mean over Dense's steps of KL(Dense || copy), exactly `fidelity.teacher_forced_kl`'s
 definition; `first_token_agree`; `identical`, the copy's argmax equal to Dense's token at every
 step (and, where Dense stopped before its token limit, a stop token at the step after), so the
@@ -28,9 +28,10 @@ import torch
 
 from bcr_core.arena.context import CallContext
 from bcr_core.arena.registry import Entry
-from bcr_core.engine.kv import cache_over
+from bcr_core.engine.kv import KV
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.calls import CallRecord
+from bcr_core.reuse.fidelity import mean_kl
 from bcr_core.reuse.segments import predicted_rows
 
 PAIRED = "paired"
@@ -65,30 +66,18 @@ class DenseReference:
 
     def measure_many(self, kvs: list, last_id: int) -> list[dict]:
         """Copies of one cache (same rows, same positions) measured in one batched forward."""
-        return [self.score(logits) for logits in forced_batch(self.bb, kvs, last_id, self.fed)]
+        stacked = KV(
+            torch.cat([kv.keys for kv in kvs], dim=1), torch.cat([kv.values for kv in kvs], dim=1), kvs[0].positions
+        )
+        return [self.score(logits) for logits in self.bb.forced_logits_batch(stacked, last_id, self.fed)]
 
     def score(self, logits: torch.Tensor) -> dict:
-        log_q = logits[: self.steps].log_softmax(-1)
-        kl = float((self.log_p.exp() * (self.log_p - log_q)).sum(-1).mean())
+        kl = mean_kl(self.log_p, logits[: self.steps].log_softmax(-1))
         greedy = logits.argmax(-1).tolist()
         n = len(self.tokens)
         same = greedy[:n] == self.tokens and (not self.checks_stop or greedy[n] in self.stop)
         first = greedy[0] == self.tokens[0] if self.tokens else greedy[0] in self.stop
         return {"kl": kl, "first_token_agree": bool(first), "identical": bool(same)}
-
-
-@torch.inference_mode()
-def forced_batch(bb, kvs: list, last_id: int, tokens: list[int]) -> torch.Tensor:
-    """(copies, len(tokens), vocab) next-token logits, `tokens` teacher-forced after `last_id` on
-    every copy: `Backbone.forced_logits` for several caches of the same rows at once (the batch
-    dimension of the cache), one forward instead of one per copy."""
-    keys = torch.cat([kv.keys for kv in kvs], dim=1)
-    values = torch.cat([kv.values for kv in kvs], dim=1)
-    start = kvs[0].next_position
-    fed = torch.tensor([[int(last_id), *map(int, tokens[:-1])]] * len(kvs), device=bb.device)
-    positions = torch.arange(start, start + fed.shape[1], device=bb.device)[None].expand(len(kvs), -1)
-    out = bb.model(input_ids=fed, position_ids=positions, cache=cache_over(list(keys), list(values)), use_cache=True)
-    return out.logits.float()
 
 
 @dataclass

@@ -257,16 +257,24 @@ class Backbone:
             position += 1
         return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
 
-    @torch.inference_mode()
     def forced_logits(self, kv: KV, last_id: int, tokens: list[int]) -> torch.Tensor:
         """Next-token logits (len(tokens), vocab) with `tokens` teacher-forced after `last_id`: what
         `generate(kv, last_id, 0, forced=tokens, keep_logits=True)` gives step by step, in one forward."""
+        return self.forced_logits_batch(kv, last_id, tokens)[0]
+
+    @torch.inference_mode()
+    def forced_logits_batch(self, kv: KV, last_id: int, tokens: list[int]) -> torch.Tensor:
+        """`forced_logits` for every cache along `kv`'s batch dimension (copies of the same rows and
+        positions, e.g. repaired differently), in one forward: (batch, len(tokens), vocab)."""
         if not tokens:
             raise ValueError("forced_logits needs at least one token")
-        fed = torch.tensor([[int(last_id), *map(int, tokens[:-1])]], device=self.device)
+        batch = kv.keys.shape[1]
+        fed = torch.tensor([[int(last_id), *map(int, tokens[:-1])]], device=self.device).expand(batch, -1)
         positions = torch.arange(kv.next_position, kv.next_position + fed.shape[1], device=self.device)
-        out = self.model(input_ids=fed, position_ids=positions[None], cache=kv.to_cache(), use_cache=True)
-        return out.logits[0].float()
+        out = self.model(
+            input_ids=fed, position_ids=positions[None].expand(batch, -1), cache=kv.to_cache(), use_cache=True
+        )
+        return out.logits.float()
 
     # -- positions ------------------------------------------------------------------------
     def rerotate(self, keys: torch.Tensor, delta, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,10 +15,13 @@ from bcr_core.reuse.calls import CallRecord
 def teacher_forced_kl(bb: Backbone, reference: tuple, candidate: tuple, tokens: list[int]) -> float:
     """Mean over steps of KL(P_reference || P_candidate), both fed `tokens` after their last prompt id."""
     tokens = list(tokens) or [bb.stop_ids[0]]
-    log_p, log_q = (
-        bb.forced_logits(*reference, tokens).log_softmax(-1),
-        bb.forced_logits(*candidate, tokens).log_softmax(-1),
+    return mean_kl(
+        bb.forced_logits(*reference, tokens).log_softmax(-1), bb.forced_logits(*candidate, tokens).log_softmax(-1)
     )
+
+
+def mean_kl(log_p, log_q) -> float:
+    """Mean over steps of KL(P || Q), from (steps, vocab) log-probabilities."""
     return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
 
 
