@@ -1,8 +1,10 @@
 """Notebook 09 in a real browser: the Voila app (`bcr explore`) and JupyterLab, each driven by
 Playwright through the system Chromium (headless) on the committed saved inspection, so no model is
 loaded. Each moves rho, the layout, the layer and the head, and reads the plotly figure back from the
-page: its highlighted rows are the rows the layout selects, its title counts them, and neither the
-browser's console nor JupyterLab's log console holds an error.
+page: its highlighted rows are the rows the layout selects, its title counts them, each selector's
+lane of the microscope marks the rows that selector picks, the title is wholly visible (inside the
+figure, under no control, cell or segment name: screen geometry), and neither the browser's console
+nor JupyterLab's log console holds an error. The HTML report's static copy is checked the same way.
 
 Chromium comes from the system (`make setup` installs Debian's `chromium` when it is missing and it
 can); the tests skip without it, except where BCR_REQUIRE_BROWSER is set (CI), where they fail.
@@ -44,8 +46,33 @@ if CHROMIUM is None:
 FIGURE = "() => document.querySelector('.js-plotly-plot')"
 READ = f"""() => {{
     const p = ({FIGURE})();
-    if (!p || !p.data || p.data.length < 3 || !p._fullLayout) return null;
-    return {{rows: Array.from(p.data[2].x || []), title: p._fullLayout.title.text}};
+    if (!p || !p.data || p.data.length < 6 || !p._fullLayout) return null;
+    const lanes = {{}};
+    const xs = Array.from(p.data[5].x || []), ys = Array.from(p.data[5].y || []);
+    xs.forEach((x, i) => (lanes[ys[i]] = lanes[ys[i]] || []).push(x));
+    return {{rows: Array.from(p.data[2].x || []), title: p._fullLayout.title.text, lanes: lanes}};
+}}"""
+# Where the figure's title is drawn and what it could be drawn under: the figure's own box, its
+# segment names, the controls or cell input above it, and the element the browser shows at points
+# inside the title (the title itself, or something covering it).
+TITLE_GEOMETRY = f"""() => {{
+    const p = ({FIGURE})();
+    const box = e => {{ const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }};
+    const titles = Array.from(p.querySelectorAll('.gtitle, .gtitle-subtitle'));
+    const shown = titles.map(t => {{
+        const [l, tp, r, b] = box(t);
+        const points = [[l + 2, tp + 2], [r - 2, tp + 2], [(l + r) / 2, (tp + b) / 2], [l + 2, b - 2], [r - 2, b - 2]];
+        const covering = points.map(([x, y]) => document.elementFromPoint(x, y)).filter(e => !e || !p.contains(e));
+        return covering.map(e => (e ? `${{e.tagName}}.${{e.getAttribute('class')}}` : 'nothing'));
+    }});
+    const above = '.widget-hbox, .widget-toggle-buttons, .widget-slider, .jp-InputArea, .jp-Cell-inputWrapper';
+    return {{
+        figure: box(p),
+        titles: titles.map(box),
+        shown: shown,
+        notes: Array.from(p.querySelectorAll('.annotation')).map(box),
+        above: Array.from(document.querySelectorAll(above)).filter(e => !e.contains(p)).map(box),
+    }};
 }}"""
 CHANGES = [  # control, value shown in the page, the explorer's setting it gives
     ("rho", "0.4", {"rho": 0.4}),
@@ -66,23 +93,69 @@ def explorer_setup(tmp_path_factory):
 
 
 def expected(inspection, parameters: dict, setting: dict):
-    """The rows notebook 09's explorer selects at `setting`, on the call it starts at."""
+    """The rows notebook 09's explorer selects at `setting` on the call it starts at, its title, and
+    the rows each selector of the microscope's field picks there."""
     view = inspection.view(parameters["item"], parameters["call"])
     s = {"layer": None, "head": None, "layout": parameters["layout"], "rho": parameters["rho"]} | setting
     drawn = lab.explore(view, s["layer"], s["head"], s["layout"], s["rho"], parameters["chunk"])
-    return drawn.selected, f"{view.rows} cached rows, {drawn.count} selected"
+    return drawn.selected, f"{view.rows} cached rows, {drawn.count} selected", drawn.picks
+
+
+def overlaps(a, b) -> bool:
+    return a[0] < b[2] - 1 and b[0] < a[2] - 1 and a[1] < b[3] - 1 and b[1] < a[3] - 1
+
+
+def title_problems(page) -> list[str]:
+    """Why the figure's title is not wholly visible on `page`, if it is not (screen geometry)."""
+    page.evaluate(f"() => ({FIGURE})().scrollIntoView({{block: 'start'}})")
+    where = f"() => JSON.stringify(({FIGURE})().getBoundingClientRect())"
+    before = None
+    for _ in range(40):  # JupyterLab scrolls smoothly: measure once the figure has stopped moving
+        now = page.evaluate(where)
+        if now == before:
+            break
+        before = now
+        page.wait_for_timeout(250)
+    g = page.evaluate(TITLE_GEOMETRY)
+    fig, problems = g["figure"], []
+    if len(g["titles"]) != 2:
+        problems.append(f"expected a title and a subtitle, found {len(g['titles'])} title elements")
+    for t, shown in zip(g["titles"], g["shown"]):
+        if not (fig[0] - 1 <= t[0] and fig[1] - 1 <= t[1] and t[2] <= fig[2] + 1 and t[3] <= fig[3] + 1):
+            problems.append(f"title box {t} leaves the figure's box {fig}")
+        problems += [f"title box {t} overlaps a segment name at {n}" for n in g["notes"] if overlaps(t, n)]
+        problems += [f"title box {t} is under the element at {a}" for a in g["above"] if overlaps(t, a)]
+        if shown:
+            problems.append(f"at points of the title box {t} the browser shows {sorted(set(shown))}")
+    return problems
 
 
 def wait_for(page, rows, title):
     """Wait until the page's figure highlights `rows` under a title containing `title`; the seconds it took."""
     started = time.perf_counter()
-    page.wait_for_function(
-        f"([rows, title]) => {{ const s = ({READ})(); return s && s.title.includes(title) && "
-        "JSON.stringify(s.rows) === JSON.stringify(rows); }",
-        arg=[rows, title],
-        timeout=TIMEOUT_MS,
-    )
+    try:
+        page.wait_for_function(
+            f"([rows, title]) => {{ const s = ({READ})(); return s && s.title.includes(title) && "
+            "JSON.stringify(s.rows) === JSON.stringify(rows); }",
+            arg=[rows, title],
+            timeout=TIMEOUT_MS,
+        )
+    except playwright_api.TimeoutError:
+        shown = page.evaluate(READ)
+        plots = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(p => "
+            "[p.data ? p.data.length : null, !!p._fullLayout, JSON.stringify(p.getBoundingClientRect())])"
+        )
+        raise AssertionError(
+            f"the figure never showed {title!r} with rows {rows}; it shows {shown}; plots on the page: {plots}"
+        ) from None
     return time.perf_counter() - started
+
+
+def check_lanes(state: dict, picks: dict, control: str) -> None:
+    """Each selector's lane on the page marks exactly the rows that selector picks."""
+    assert {k: sorted(v) for k, v in state["lanes"].items()} == {k: v for k, v in picks.items() if v}, control
+    assert all(len(v) == len(state["rows"]) for v in state["lanes"].values()), control  # the same rows each
 
 
 def change(page, control: str, value: str) -> None:
@@ -102,18 +175,21 @@ def change(page, control: str, value: str) -> None:
 
 def drive(page, inspection, parameters, report: dict) -> None:
     """From the explorer's starting figure, make each change and check the figure after it."""
-    rows, title = expected(inspection, parameters, {})
+    rows, title, picks = expected(inspection, parameters, {})
     report["first figure s"] = round(wait_for(page, rows, title) + report.pop("navigation s", 0.0), 1)
+    check_lanes(page.evaluate(READ), picks, "start")
+    assert title_problems(page) == []
     setting, updates = {}, []
     for control, shown, value in CHANGES:
         setting |= value
-        rows, title = expected(inspection, parameters, setting)
+        rows, title, picks = expected(inspection, parameters, setting)
         started = time.perf_counter()
         change(page, control, shown)
         wait_for(page, rows, title)
         updates.append(time.perf_counter() - started)
         state = page.evaluate(READ)
         assert state["rows"] == rows and f"{len(rows)} selected" in state["title"], (control, state)
+        check_lanes(state, picks, control)
     report["control change to updated figure s"] = f"mean {sum(updates) / len(updates):.2f}, max {max(updates):.2f}"
 
 
@@ -232,6 +308,9 @@ def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, c
                 run_all(page)
                 wait_until_run(page)
                 report["navigation s"] = time.perf_counter() - started
+                # JupyterLab skips rendering cells out of view (content-visibility), and Run All ends
+                # at the last cell: look at the explorer, as its user would
+                page.locator(".widget-vbox").first.scroll_into_view_if_needed()
                 drive(page, inspection, prepared.parameters, report)
                 page.locator("li.lm-MenuBar-item", has_text="View").first.click()
                 page.locator(".lm-Menu-item", has_text="Show Log Console").first.click()
@@ -253,3 +332,20 @@ def _playwright_version() -> str:
     from importlib.metadata import version
 
     return version("playwright")
+
+
+def test_the_html_reports_figure_title_is_wholly_visible(tmp_path):
+    from bcr_core.lab.notebooks import run_notebook
+
+    result = run_notebook(app.NOTEBOOK, tmp_path)
+    assert result.ok and result.html, result
+    with playwright_api.sync_playwright() as p:
+        browser, _ = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors = console_errors(page)
+        page.goto(Path(result.html).resolve().as_uri(), timeout=TIMEOUT_MS)
+        page.wait_for_function(f"() => {{ const p = ({FIGURE})(); return p && p._fullLayout; }}", timeout=TIMEOUT_MS)
+        problems = title_problems(page)
+        browser.close()
+    assert problems == []
+    assert errors == [], errors

@@ -6,15 +6,8 @@ below; each lives in the module named beside it.
 
 from bcr_core.engine.loading import lazy_backbone
 from bcr_core.experiments.summary import with_agreement
-from bcr_core.lab.explorer import (
-    SELECTED,
-    Exploration,
-    Explorer,
-    attention_figure,
-    explore,
-    highlighted_rows,
-    update_figure,
-)
+from bcr_core.lab.explorer import Exploration, Explorer, explore
+from bcr_core.lab.heatmap import SELECTED, attention_figure, field_rows, highlighted_rows, update_figure
 from bcr_core.lab.inspection import CallView, Inspection, answers_side_by_side, inspect_requests
 from bcr_core.lab.records import Grid, Runs, cached_frame, canonical, collect, condition, label, safe_name
 from bcr_core.lab.tables import (
@@ -58,6 +51,7 @@ __all__ = [
     "decomposition",
     "entropy_rejections",
     "explore",
+    "field_rows",
     "gate_counts",
     "highlighted_rows",
     "inspect_requests",

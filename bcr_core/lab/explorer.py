@@ -7,8 +7,6 @@ into an `Exploration`; `attention_figure` draws it and `update_figure` redraws i
 
 from __future__ import annotations
 
-import contextlib
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +14,8 @@ import pandas as pd
 
 from bcr_core import paper
 from bcr_core.errors import UsageError
+from bcr_core.lab import microscope
+from bcr_core.lab.heatmap import attention_figure, update_figure
 from bcr_core.lab.inspection import CallView, Inspection
 from bcr_core.repair.layouts import LayoutConfig, layout
 
@@ -32,6 +32,9 @@ class Exploration:
     expected: tuple[int, int]  # (fewest, most) rows the layout may pick at rho on this cache
     boundaries: list[dict]  # segment spans {name, start, stop, placeholder}
     segments: pd.DataFrame  # per segment: rows, score share, rows selected
+    picks: dict[str, list[int]]  # the microscope: each selector's rows at the same count ({} without a field)
+    error: np.ndarray | None  # (rows,): the true per-row error (the oracle's score)
+    deviation: np.ndarray | None  # (rows,): CacheBlend's layer-1 deviation
 
     @property
     def count(self) -> int:
@@ -68,145 +71,17 @@ def explore(
     segments["selected_rows"] = [int(picked[s:e].sum()) for s, e in zip(segments["start"], segments["stop"])]
     bounds = [s | {"stop": min(s["stop"], view.rows)} for s in view.segments if s["start"] < view.rows]
     return Exploration(
-        heat, score, name, selected, layout(layout_name, config).bounds(view.rows, rho), bounds, segments
+        heat,
+        score,
+        name,
+        selected,
+        layout(layout_name, config).bounds(view.rows, rho),
+        bounds,
+        segments,
+        microscope.picks(view, len(selected), chunk),
+        microscope.band(view, microscope.ERROR),
+        microscope.band(view, microscope.DEVIATION),
     )
-
-
-# -- the explorer's figure --------------------------------------------------------------------------
-SELECTED, OTHER, SHARED_FILL = "crimson", "steelblue", "rgba(255, 200, 0, 0.12)"
-
-
-def attention_figure(view: CallView, exploration: Exploration, widget: bool = False):
-    """The draft's attention over the cache rows: a layers x rows heatmap above the score the
-    layout ranks (log scale), segment boundaries as dotted lines, shared segments shaded, the
-    selected rows in red. `widget=True` returns a plotly FigureWidget (for live updates)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    base = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4], vertical_spacing=0.08)
-    base.add_trace(
-        go.Heatmap(
-            colorscale="Viridis",
-            colorbar=dict(title="log10 attention", len=0.55, y=0.78),
-            hovertemplate="row %{x}: %{customdata}<br>layer %{y}<br>log10 weight %{z:.2f}<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    base.add_trace(
-        go.Bar(name="row score", hovertemplate="row %{x}: %{customdata}<br>score %{y:.3g}<extra></extra>"), row=2, col=1
-    )
-    base.add_trace(
-        go.Scatter(
-            name="selected rows",
-            mode="markers",
-            hoverinfo="skip",
-            marker=dict(symbol="triangle-down", color=SELECTED, size=7),
-        ),
-        row=1,
-        col=1,
-    )
-    base.update_layout(height=620, autosize=True, showlegend=False, bargap=0, margin=dict(t=170))
-    base.update_xaxes(title_text="cache row (token position in the prompt)", row=2, col=1)
-    base.update_yaxes(title_text="layer", row=1, col=1)
-    base.update_yaxes(title_text="score (attention weight)", type="log", dtick=1, exponentformat="power", row=2, col=1)
-    figure = go.FigureWidget(base) if widget else base
-    update_figure(figure, view, exploration)
-    return figure
-
-
-def update_figure(figure, view: CallView, exploration: Exploration) -> None:
-    """Redraw an `attention_figure` (a Figure or a FigureWidget) for another call or setting."""
-    rows = np.arange(view.rows)
-    tokens = np.array(view.tokens, dtype=object)
-    picked = np.zeros(view.rows, dtype=bool)
-    picked[exploration.selected] = True
-    layers = exploration.heat.shape[0]
-    shapes, notes = [], []
-    for span in exploration.boundaries:
-        if span["start"] > 0:
-            shapes.append(
-                dict(
-                    type="line",
-                    xref="x",
-                    yref="paper",
-                    x0=span["start"] - 0.5,
-                    x1=span["start"] - 0.5,
-                    y0=0,
-                    y1=1,
-                    line=dict(color="black", width=1, dash="dot"),
-                )
-            )
-        if span["placeholder"]:
-            shapes.append(
-                dict(
-                    type="rect",
-                    xref="x",
-                    yref="paper",
-                    x0=span["start"] - 0.5,
-                    x1=span["stop"] - 0.5,
-                    y0=0,
-                    y1=1,
-                    fillcolor=SHARED_FILL,
-                    line=dict(width=0),
-                    layer="below",
-                )
-            )
-        notes.append(
-            dict(
-                x=(span["start"] + span["stop"] - 1) / 2,
-                y=1.0,
-                xref="x",
-                yref="paper",
-                text=span["name"],
-                showarrow=False,
-                textangle=-35,
-                yanchor="bottom",
-                font=dict(size=10),
-            )
-        )
-    # Plain lists, not numpy arrays: a FigureWidget compares what the browser sends back with
-    # `not value`, which numpy arrays refuse ("truth value of an array is ambiguous").
-    with figure.batch_update() if hasattr(figure, "batch_update") else contextlib.nullcontext():
-        heat, bars, marks = figure.data
-        heat.update(
-            z=exploration.heat.tolist(),
-            x=rows.tolist(),
-            y=list(range(layers)),
-            customdata=np.tile(tokens, (layers, 1)).tolist(),
-        )
-        bars.update(
-            x=rows.tolist(),
-            y=np.asarray(exploration.score).tolist(),
-            customdata=tokens.tolist(),
-            marker=dict(color=np.where(picked, SELECTED, OTHER).tolist()),
-        )
-        marks.update(
-            x=[int(r) for r in exploration.selected],
-            y=[layers - 0.5] * exploration.count,
-            marker=dict(symbol="triangle-down", color=SELECTED, size=7),
-        )
-        figure.layout.shapes = shapes
-        figure.layout.annotations = notes
-        figure.layout.title = dict(
-            text=f"{view.key}: {view.rows} cached rows, {exploration.count} selected<br>"
-            f"<sup>ranked by {exploration.score_name}</sup>",
-            x=0.0,
-            xanchor="left",
-            y=0.99,
-            yanchor="top",
-        )
-    if hasattr(figure, "_widget_data"):
-        # A FigureWidget sends each change to the views that exist; a view created later (Voila draws
-        # the widgets once the notebook has run; a reloaded page) starts from this synced state, which
-        # plotly refreshes only when the figure itself is displayed, not inside a VBox: keep it current.
-        figure._widget_data = copy.deepcopy(figure._data)
-        figure._widget_layout = copy.deepcopy(figure._layout_obj._props)
-
-
-def highlighted_rows(figure) -> list[int]:
-    """The rows an `attention_figure` currently marks as selected (for checks)."""
-    return [int(x) for x in (figure.data[2].x or [])]
 
 
 NOT_DECODED = "(not decoded: a saved inspection keeps only the answers decoded when it was made)"
@@ -313,6 +188,8 @@ class Explorer:
                     view.answer_with(self.bb, exploration.selected, self.max_new_tokens),
                 )
             )
+            for label, picked in exploration.picks.items():  # the microscope's field at the same count
+                rows.append((f"{label}, {len(picked)} rows", view.answer_with(self.bb, picked, self.max_new_tokens)))
         table = pd.DataFrame(rows, columns=["served as", "answer"])
         table["identical to Dense"] = [None if a is None else a == view.dense_text for a in table["answer"]]
         table["answer"] = table["answer"].fillna(NOT_DECODED)

@@ -7,8 +7,9 @@ answer and Dense's on the same prompt). Everything comes from the server's own `
 without serving anything (`bcr explore`). A saved inspection keeps the draft's attention exactly
 (float32) but not the assembled caches: one cache is about 23 KB per row in float16 on SmolLM2-135M
 (30 layers x 3 kv heads x 64 dims, keys and values) against the attention's 2 KB, so a dozen calls
-would weigh some 50 MB. The repaired answers a loaded inspection can show are those decoded before
-saving: every call unrepaired and at the setting it was saved with.
+would weigh some 50 MB. It keeps the microscope's field (every selector's row scores, 4 bytes a row
+each). The repaired answers a loaded inspection can show are those decoded before saving: every
+call unrepaired, and at the setting it was saved with by the layout and by each selector of the field.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from bcr_core import paper
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
 from bcr_core.data import benchmarks
 from bcr_core.engine.backbone import Draft
 from bcr_core.errors import UsageError
 from bcr_core.experiments.conditions import make_server, parse
+from bcr_core.lab import microscope
 from bcr_core.lab.tables import preview
 from bcr_core.paths import written_whole
 from bcr_core.repair.layouts import LayoutConfig, layout
@@ -57,6 +60,7 @@ class CallView:
     segments: list[dict]  # [{name, start, stop, placeholder, text}]
     dense_text: str | None = None  # Dense on the same prompt (the chat template's ids), in situ
     answers: dict = field(default_factory=dict, repr=False)  # cache of repaired answers by rows
+    rankings: dict = field(default_factory=dict, repr=False)  # the microscope's field: label -> scores
 
     node = property(lambda self: self.record.node)
     role = property(lambda self: self.record.role)
@@ -232,16 +236,22 @@ def inspect_requests(
     pinned: str | None = None,
     dense: bool = True,
     progress: bool = True,
+    chunk: int = paper.CHUNK_ROWS,
 ) -> Inspection:
     """Serve `items` in order through a fresh server for `condition` (the anchor pool warms up over
-    them, as in a run) and keep a `CallView` of every call served from an assembled cache."""
+    them, as in a run) and keep a `CallView` of every call served from an assembled cache, with the
+    microscope's field ranked on it (`microscope.rank_field`; `chunk`: the coin's unit)."""
     recorder = Recorder(bb, make_server(bb, condition), dense=dense)
     pipeline = Pipeline(bb, benchmark, agents, max_new_tokens, pinned)
     name = parse(condition).label
     requests = []
     for index, item in enumerate(tqdm(items, desc=f"{name} requests", disable=not progress)):
         recorder.index, recorder.item_id = index, str(item["id"])
+        viewed = len(recorder.views)
         requests.append(pipeline.run(recorder, str(item["id"]), benchmarks.question_text(benchmark, item)))
+        nodes = [c.node for c in requests[-1].calls]
+        for v in recorder.views[viewed:]:
+            v.rankings = microscope.rank_field(bb, v, (index, nodes.index(v.node)), chunk)
     return Inspection(name, requests, recorder.views)
 
 
@@ -267,7 +277,7 @@ def answers_side_by_side(inspections: dict[str, Inspection], index: int) -> pd.D
 
 
 # -- saved inspections ------------------------------------------------------------------------------
-FORMAT = "bcr-inspection/1"
+FORMAT = "bcr-inspection/2"  # 2: with the microscope's field (`CallView.rankings`)
 # The settings that decide what an inspection holds (the explorer's starting item, call, layer and
 # head do not): a saved inspection is found by them.
 KEYS = ("model", "benchmark", "item_seed", "agents", "n", "max_new_tokens", "gamma", "layout", "rho", "chunk")
@@ -296,7 +306,9 @@ def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
     settings = settings_of(parameters)
     config = LayoutConfig(chunk=settings["chunk"])
     for v in inspection.views:
-        for rows in ([], v.select(settings["layout"], settings["rho"], config)):
+        chosen = v.select(settings["layout"], settings["rho"], config)
+        field = microscope.picks(v, len(chosen), settings["chunk"]).values()
+        for rows in ([], chosen, *field):
             v.answer_with(bb, rows, settings["max_new_tokens"])
     views = [
         {
@@ -315,6 +327,7 @@ def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
     tensors = {"attention": [v.attention.float().contiguous() for v in inspection.views]}
     for name in ("candidates", "scores"):
         tensors[name] = [getattr(v.record.trace, name) for v in inspection.views]
+    tensors["rankings"] = [dict(v.rankings) for v in inspection.views]
     document = {
         "format": FORMAT,
         "parameters": settings,
@@ -358,7 +371,18 @@ def load(path, parameters: dict | None = None) -> Inspection:
         draft = Draft(v["draft_tokens"], tensors["attention"][i])
         record.trace = Trace(None, draft, tensors["candidates"][i], tensors["scores"][i], v["trace_rows"])
         answers = {(tuple(rows), tokens): text for rows, tokens, text in v["answers"]}
-        views.append(CallView(v["index"], v["item_id"], record, v["tokens"], v["segments"], v["dense_text"], answers))
+        views.append(
+            CallView(
+                v["index"],
+                v["item_id"],
+                record,
+                v["tokens"],
+                v["segments"],
+                v["dense_text"],
+                answers,
+                tensors["rankings"][i],
+            )
+        )
     return Inspection(document["condition"], requests, views, document["parameters"])
 
 

@@ -1,0 +1,85 @@
+"""The repair microscope: the selector arena's field on one call, as the explorer draws it.
+
+For a call served from an assembled cache, `rank_field` runs every selector of `FIELD` on that
+cache (the arena's own rules, `bcr_core.arena`), with the exact cache of the same ids for the
+oracles, and keeps each one's per-row scores on the `CallView`. From them the explorer shows:
+
+- the true per-row error, the oracle's score: `arena.selectors.row_error`, the L2 norm over every
+  layer, head and dimension of the assembled rows' key and value deviation from the exact cache;
+- CacheBlend's deviation at its default check layer 1 (`CacheBlendSelector`'s score);
+- the rows each selector picks when it spends exactly as many rows as the explorer's layout picks
+  at the current rho (the arena's paired budget: selectors differ in nothing but selection), turned
+  into rows as the arena does (`arena.copies.spend`: whole chunks for a ranking, single rows for
+  a row rule);
+- the continuation each selector's repaired copy gives, beside Dense's.
+
+The scores are computed once, when the call is inspected (they need the cache and the model), and
+saved with the inspection, so a loaded one shows every selector's picks at any rho without a model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bcr_core.arena.context import CallContext
+from bcr_core.arena.copies import spend
+from bcr_core.arena.registry import Entry, make_entries, make_entry
+
+# the arena's field, one coin seed (the picks of one draw; the arena averages three)
+FIELD = (
+    "oracle",
+    "oracle-attn",
+    "draft",
+    "draft:rank=predicted",
+    "coin:seed=0",
+    "cacheblend",
+    "cacheblend:layer=3",
+    "question",
+    "seams",
+    "window",
+    "ours",
+)
+ERROR, DEVIATION = "oracle", "cacheblend"  # the two bands under the heatmap
+
+
+def field_entries(layers: int, chunk: int) -> list[Entry]:
+    """`FIELD` as arena entries, less CacheBlend check layers the model does not have."""
+    entries = make_entries(",".join(FIELD), chunk)
+    return [e for e in entries if e.name != "cacheblend" or e.options.get("layer", 1) < layers]
+
+
+def rank_field(bb, view, key: tuple[int, ...], chunk: int) -> dict[str, torch.Tensor]:
+    """{selector label: its scores over the rows it ranks} on `view`'s assembled cache (float32;
+    the coin seeded by `key`, the call's place in the run, as in the arena)."""
+    if view.kv is None:
+        raise ValueError("the microscope ranks the assembled cache: a loaded view does not hold it")
+    ids = view.ids
+    context = CallContext(view.segments, key, bb.prefill(ids[:-1]))
+    scores = {}
+    for entry in field_entries(bb.num_layers, chunk):
+        candidates = entry.candidates(view.rows, view.segments)
+        ranking = entry.rank(bb, view.kv, ids[:-1], ids[-1], candidates, context)
+        scores[entry.label] = ranking.scores.detach().float().cpu()
+    return scores
+
+
+def picks(view, count: int, chunk: int) -> dict[str, list[int]]:
+    """The rows each selector of the view's field repairs when it spends exactly `count` rows
+    (capped at the rows it ranks), in `FIELD` order."""
+    out = {}
+    for label, scores in view.rankings.items():
+        entry = make_entry(label, chunk)
+        candidates = entry.candidates(view.rows, view.segments)
+        out[label] = spend(entry, scores, candidates, count, chunk) if count else []
+    return out
+
+
+def band(view, label: str):
+    """A selector's scores over every cached row (NaN where it ranks none), for the bands."""
+    scores = view.rankings.get(label)
+    if scores is None:
+        return None
+    entry = make_entry(label)
+    full = torch.full((view.rows,), float("nan"))
+    full[entry.candidates(view.rows, view.segments)] = scores
+    return full.numpy()
