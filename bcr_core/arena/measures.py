@@ -127,7 +127,8 @@ def gap_share(frame: pd.DataFrame, budget: str = PAIRED) -> tuple[pd.DataFrame, 
 
 def frontier(frame: pd.DataFrame) -> pd.DataFrame:
     """Per selector and budget of the sweep: rows per call and the mean per-item KL, with the
-    budget's rho (the paired point left out: its count is the draft's own)."""
+    budget's rho (the paired point left out: its count is the draft's own); `ours` on the second
+    half of the items only, as pre-registered (NaN before the run reaches it)."""
     out = []
     for budget in [b for b in dict.fromkeys(frame["budget"]) if b != PAIRED]:
         kl = per_item(frame, budget)
@@ -135,12 +136,13 @@ def frontier(frame: pd.DataFrame) -> pd.DataFrame:
         rows = own.assign(selector=own["selector"].map(lambda s: COIN if is_coin(s) else s))
         rows = rows.groupby("selector")["rows"].mean()
         for selector in kl.columns:
+            items = held_out(kl, frame) if selector == OURS else kl  # pre-registered: the second half only
             out.append(
                 {
                     "selector": selector,
                     "rho": float(budget),
                     "rows_per_call": float(rows[selector]),
-                    "kl_per_item": float(kl[selector].mean()),
+                    "kl_per_item": float(items[selector].mean()),
                 }
             )
     return pd.DataFrame(out)

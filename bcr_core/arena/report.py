@@ -2,7 +2,8 @@
 
 `python -m bcr_core.arena.report results/arena` prints the per-selector table at BCR-chunk's own
 count (per-item KL with its interval, the share of the achievable gain, per-call rates, rows and
-cost) and one line per verdict; a test checks that every line of it is in the README.
+cost), the rows-vs-KL frontier over the budget sweep, and one line per verdict; a test checks that
+every line of it is in the README.
 """
 
 from __future__ import annotations
@@ -50,9 +51,35 @@ def verdict_markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def frontier_markdown(frame: pd.DataFrame) -> str:
+    """The rows-vs-KL frontier: per-item KL of every selector at each budget of the sweep
+    (round(rho x M) rows on an M-row cache), best first at the largest budget."""
+    points = measures.frontier(frame)
+    if points.empty:
+        return ""
+    kl = points.pivot(index="selector", columns="rho", values="kl_per_item")
+    rows = points.groupby("rho")["rows_per_call"].mean()
+    kl = kl.sort_values(kl.columns[-1], kind="stable")
+    head = " | ".join(f"rho {rho:g} ({rows[rho]:.1f} rows)" for rho in kl.columns)
+    lines = [
+        "The rows-vs-KL frontier (the sweep: every selector at round(rho x M) rows of an M-row cache; "
+        "KL to Dense per item):",
+        "",
+        f"| selector | {head} |",
+        "| --- |" + " --- |" * len(kl.columns),
+    ]
+    lines += [f"| `{name}` | " + " | ".join(cell(v) for v in r) + " |" for name, r in kl.iterrows()]
+    return "\n".join(lines + ["", f"`{measures.OURS}` on the second half of the items only, as pre-registered."])
+
+
+def cell(value: float) -> str:
+    return "not measured" if pd.isna(value) else f"{value:.4f}"
+
+
 def markdown(folder) -> str:
     frame = measures.read_arena(folder)
-    return selector_markdown(frame) + "\n\n" + verdict_markdown(frame)
+    parts = [selector_markdown(frame), frontier_markdown(frame), verdict_markdown(frame)]
+    return "\n\n".join(p for p in parts if p)
 
 
 if __name__ == "__main__":
