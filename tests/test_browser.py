@@ -289,6 +289,11 @@ def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, c
         "--LabServerApp.extension_manager=readonly",
     ]
     settings = tmp_path / "settings"
+    # Render every cell: with JupyterLab's default windowing (content-visibility) a cell out of view
+    # is skipped, and a plotly widget whose view is created there can come up empty
+    tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text('{"windowingMode": "none"}')
     env = os.environ | {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
     with open(tmp_path / "lab.log", "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
