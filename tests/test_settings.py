@@ -83,3 +83,14 @@ def test_condition_options_use_the_same_validator():
     with pytest.raises(ValueError, match=r"option gamma: expected float \(a number\) in \[0, 1\], got 1.5"):
         parse("kvcomm:gamma=1.5")
     assert parse("bcr-grow:tau=0.5,span_cap=3").options == {"tau": 0.5, "span_cap": 3}
+
+
+def test_every_option_of_every_condition_reads_its_own_default_back():
+    """Written out as `name:key=default`, each option parses to its default (opengate's gamma was
+    declared with `float` for its kind, and reading it crashed instead of parsing)."""
+    from bcr_core.experiments.conditions import OPTIONS
+
+    for name, options in OPTIONS.items():
+        for key, option in options.items():
+            text = f"{option.default:g}" if isinstance(option.default, float) else str(option.default)
+            assert parse(f"{name}:{key}={text}").option(key) == option.default, (name, key)

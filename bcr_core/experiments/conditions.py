@@ -274,7 +274,7 @@ OPTIONS: dict[str, dict[str, Option]] = {
     "kvcomm": GATE,
     "protect-root": GATE,
     "protect-leaf": GATE,
-    "opengate": {"gamma": Option(float, 1.0, about="OpenGate runs with the entropy gate off (App. I)")},
+    "opengate": {"gamma": Option(Float(0.0, 1.0), 1.0, "OpenGate runs with the entropy gate off (App. I)")},
     "random-alloc": GATE | SEED,
     "bcr-chunk": GATE | REPAIR,
     "bcr-grow": GATE | REPAIR | GROW,
