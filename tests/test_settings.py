@@ -88,9 +88,19 @@ def test_condition_options_use_the_same_validator():
 def test_every_option_of_every_condition_reads_its_own_default_back():
     """Written out as `name:key=default`, each option parses to its default (opengate's gamma was
     declared with `float` for its kind, and reading it crashed instead of parsing)."""
-    from bcr_core.experiments.conditions import OPTIONS
+    from bcr_core.experiments.conditions import SPECS
 
-    for name, options in OPTIONS.items():
-        for key, option in options.items():
+    for name, spec in SPECS.items():
+        for key, option in spec.options.items():
             text = f"{option.default:g}" if isinstance(option.default, float) else str(option.default)
             assert parse(f"{name}:{key}={text}").option(key) == option.default, (name, key)
+
+
+def test_every_condition_is_one_spec_and_the_readme_lists_each():
+    from bcr_core.experiments.conditions import SPECS
+    from bcr_core.paths import CHECKOUT
+
+    table = (CHECKOUT / "README.md").read_text().split("| condition | what it is |")[1].split("\n\n")[0]
+    for name, spec in SPECS.items():
+        assert spec.about and f"`{name}" in table, name
+        assert (spec.layout is None) == (spec.budget(parse(f"{name}@0.3")) is None), name  # a budget iff a layout

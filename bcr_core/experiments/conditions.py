@@ -3,13 +3,13 @@
 Syntax: `name[@value][:key=value,...]`. The `@value` is the condition's main parameter: gamma for
 kvcomm, rho for the repair conditions (default 0.20), theta for opengate (0.5), the give-up
 probability for random-alloc (0.25), the paired BCR-chunk reuse rate r for cacheblend-reuse.
-Options (`OPTIONS` lists what each condition takes; anything else is an error naming them):
+Options (each condition's `Spec` lists what it takes; anything else is an error naming them):
 `gamma=` (the KVComm gate under any policy), `seed=` (coin streams), `chunk=` (B: the chunk unit and
 the skip rule's B), `skip=alg1|off` (Algorithm 1's skip rule, on every layout), `rank=all|predicted`
 (rank every cached row, or only the rows KVComm predicted), `match=bcr-chunk|bcr-grow|bcr-single`
 (coin and CacheBlend: recompute on each call exactly as many rows as that BCR condition, with the
-same budget and options, recomputes on it), `tau=`, `span_cap=` (grow). A new
-control is one factory, one registry line and one line of options.
+same budget and options, recomputes on it), `tau=`, `span_cap=` (grow). Every condition is one
+`Spec` in `SPECS` (its factory, options, default value, layout and budget): a new control is one Spec.
 """
 
 from __future__ import annotations
@@ -87,13 +87,13 @@ class Condition:
 
     def option(self, key: str):
         """The option's value as written, else its default for this condition."""
-        return self.options.get(key, OPTIONS[self.name][key].default)
+        return self.options.get(key, SPECS[self.name].options[key].default)
 
     @property
     def settings(self) -> tuple:
         """What the condition runs, every default filled in: two conditions with equal settings are
         the same run (`bcr-chunk`, `bcr-chunk@0.2` and `bcr-chunk:chunk=64` all are)."""
-        options = {key: self.option(key) for key in OPTIONS[self.name]}
+        options = {key: self.option(key) for key in SPECS[self.name].options}
         value = value_of(self)
         if self.name == "kvcomm":  # its value is the gate; a gamma option overrides it
             gamma = options.pop("gamma")
@@ -104,13 +104,13 @@ class Condition:
 def parse(spec: str) -> Condition:
     head, _, tail = spec.strip().partition(":")
     name, _, value = head.partition("@")
-    if name not in REGISTRY:
-        raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    if name not in SPECS:
+        raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(SPECS))}")
     try:
         number = float(value) if value else None
     except ValueError:
         raise UsageError(f"cannot read condition {spec!r}: expected name[@number][:key=value,...]") from None
-    takes = OPTIONS[name]
+    takes = SPECS[name].options
     options = {}
     for pair in filter(None, (p.strip() for p in tail.split(","))):
         key, eq, raw = (part.strip() for part in pair.partition("="))
@@ -156,7 +156,7 @@ def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
 
 def make_server(bb, spec: str | Condition):
     condition = parse(spec) if isinstance(spec, str) else spec
-    server = REGISTRY[condition.name](bb, condition)
+    server = SPECS[condition.name].factory(bb, condition)
     server.name = condition.label
     return server
 
@@ -168,13 +168,13 @@ def kvcomm_config(c: Condition, gamma: float | None = None) -> KVCommConfig:
 
 def layout_config(c: Condition) -> LayoutConfig:
     return LayoutConfig(
-        **{key: c.option(key) for key in ("chunk", "tau", "span_cap", "skip") if key in OPTIONS[c.name]}
+        **{key: c.option(key) for key in ("chunk", "tau", "span_cap", "skip") if key in SPECS[c.name].options}
     )
 
 
 def value_of(c: Condition) -> float | None:
-    """The condition's main value: as written, else its default (DEFAULT_VALUES)."""
-    return DEFAULT_VALUES.get(c.name) if c.value is None else c.value
+    """The condition's main value: as written, else its Spec's default."""
+    return SPECS[c.name].value if c.value is None else c.value
 
 
 def _kvcomm(bb, c: Condition):
@@ -186,7 +186,7 @@ def _repair(selector: Callable):
         return BCRServer(
             bb,
             selector(c),
-            layout(REPAIR_LAYOUTS[c.name], layout_config(c)),
+            layout(SPECS[c.name].layout, layout_config(c)),
             value_of(c),
             kvcomm_config(c),
             rank=c.option("rank"),
@@ -201,13 +201,13 @@ def matched_budget(c: Condition) -> MatchedBudget | None:
     paired = c.options.get("match", "none")  # only the controls take the option
     if paired == "none":
         return None
-    return MatchedBudget(DraftSelector(), layout(REPAIR_LAYOUTS[paired], layout_config(c)))
+    return MatchedBudget(DraftSelector(), layout(SPECS[paired].layout, layout_config(c)))
 
 
-def _coin(c: Condition) -> CoinSelector:
+def _coin(c: Condition, layout_name: str) -> CoinSelector:
     """A coin over the layout's units: one draw per chunk for the chunk layout, so every chunk
     (a short trailing one too) is equally likely; one per row otherwise."""
-    return CoinSelector(_seed(c), unit=c.option("chunk") if REPAIR_LAYOUTS[c.name] == "chunk" else 1)
+    return CoinSelector(_seed(c), unit=c.option("chunk") if layout_name == "chunk" else 1)
 
 
 def _cacheblend_reuse(bb, c: Condition):
@@ -219,8 +219,8 @@ def _cacheblend_reuse(bb, c: Condition):
     return BCRServer(
         bb,
         CacheBlendSelector(),
-        layout(REPAIR_LAYOUTS[c.name], layout_config(c)),
-        1.0 - c.value,
+        layout(SPECS[c.name].layout, layout_config(c)),
+        SPECS[c.name].budget(c),
         kvcomm_config(c),
         rank=c.option("rank"),
     )
@@ -230,57 +230,71 @@ def _seed(c: Condition) -> int:
     return c.option("seed")
 
 
-# The layout each repair condition spends its budget in.
-REPAIR_LAYOUTS = {
-    "bcr-chunk": "chunk",
-    "bcr-grow": "grow",
-    "bcr-single": "single",
-    "coin-chunk": "chunk",
-    "coin-single": "single",
-    "cacheblend-cost": "single",
-    "cacheblend-reuse": "single",
-}
-REPAIRS = tuple(name for name in REPAIR_LAYOUTS if name != "cacheblend-reuse")
-# The main value each condition takes when none is written: the gate for kvcomm, OpenGate's theta
-# (App. I), random-alloc's give-up probability, the budget rho for the repairs.
-DEFAULT_VALUES = {
-    "kvcomm": paper.GAMMA,
-    "opengate": paper.OPENGATE_THETA,
-    "random-alloc": paper.RANDOM_ALLOCATION_P,
-    **{name: paper.RHO for name in REPAIRS},
-}
+@dataclass(frozen=True)
+class Spec:
+    """Everything one condition is, in one place: the factory that builds its server, the options
+    it takes (anything else is refused, naming these), its main value when none is written, the
+    layout a repair spends its budget in (None: it repairs nothing) and the share of the cache that
+    budget is (`rho`, from the condition). A new control is one Spec."""
 
-REGISTRY: dict[str, Callable] = {
-    "dense": lambda bb, c: DenseServer(bb),
-    "token-matched-dense": lambda bb, c: DenseServer(bb, token_matched=True),
-    "kvcomm": _kvcomm,
-    "opengate": lambda bb, c: OpenGateServer(bb, value_of(c), config=kvcomm_config(c, 1.0)),
-    "protect-root": lambda bb, c: protect_root(bb, kvcomm_config(c)),
-    "protect-leaf": lambda bb, c: protect_leaf(bb, kvcomm_config(c)),
-    "random-alloc": lambda bb, c: RandomAllocationServer(bb, value_of(c), _seed(c), kvcomm_config(c)),
-    "bcr-chunk": _repair(lambda c: DraftSelector()),
-    "bcr-grow": _repair(lambda c: DraftSelector()),
-    "bcr-single": _repair(lambda c: DraftSelector()),
-    "coin-chunk": _repair(_coin),
-    "coin-single": _repair(_coin),
-    "cacheblend-cost": _repair(lambda c: CacheBlendSelector()),
-    "cacheblend-reuse": _cacheblend_reuse,
-}
+    factory: Callable  # (bb, Condition) -> Server
+    options: dict[str, Option] = field(default_factory=dict)
+    value: float | None = None  # the main value when none is written
+    layout: str | None = None  # the layout a repair condition spends its budget in
+    rho: Callable | None = None  # (Condition) -> the budget rho, for a repair whose value is not rho
+    about: str = ""
 
-# The options each condition takes (anything else is refused, naming these).
-OPTIONS: dict[str, dict[str, Option]] = {
-    "dense": {},
-    "token-matched-dense": {},
-    "kvcomm": GATE,
-    "protect-root": GATE,
-    "protect-leaf": GATE,
-    "opengate": {"gamma": Option(Float(0.0, 1.0), 1.0, "OpenGate runs with the entropy gate off (App. I)")},
-    "random-alloc": GATE | SEED,
-    "bcr-chunk": GATE | REPAIR,
-    "bcr-grow": GATE | REPAIR | GROW,
-    "bcr-single": GATE | REPAIR,
-    "coin-chunk": GATE | REPAIR | SEED | MATCH,
-    "coin-single": GATE | REPAIR | SEED | MATCH,
-    "cacheblend-cost": GATE | REPAIR | MATCH,
-    "cacheblend-reuse": GATE | REPAIR,
+    def budget(self, c: Condition) -> float | None:
+        """The share of the cache a repair condition recomputes; None for one that repairs nothing."""
+        if self.layout is None:
+            return None
+        return self.rho(c) if self.rho is not None else value_of(c)
+
+
+def repair_spec(layout_name: str, selector: Callable, options: dict, about: str) -> Spec:
+    return Spec(_repair(selector), GATE | REPAIR | options, paper.RHO, layout_name, about=about)
+
+
+SPECS: dict[str, Spec] = {
+    "dense": Spec(lambda bb, c: DenseServer(bb), about="every call prefilled from scratch (the reference)"),
+    "token-matched-dense": Spec(
+        lambda bb, c: DenseServer(bb, token_matched=True), about="Dense on the reuse path's ids (§4.3)"
+    ),
+    "kvcomm": Spec(_kvcomm, GATE, paper.GAMMA, about="KVComm: reuse when the entropy gate gamma passes"),
+    "opengate": Spec(
+        lambda bb, c: OpenGateServer(bb, value_of(c), config=kvcomm_config(c, 1.0)),
+        {"gamma": Option(Float(0.0, 1.0), 1.0, "OpenGate runs with the entropy gate off (App. I)")},
+        paper.OPENGATE_THETA,
+        about="KVComm with the gate moved to the answer: keep if the draft's mean top-1 prob >= theta (App. I)",
+    ),
+    "protect-root": Spec(
+        lambda bb, c: protect_root(bb, kvcomm_config(c)), GATE, about="Table 7: agent 1 always prefilled dense"
+    ),
+    "protect-leaf": Spec(
+        lambda bb, c: protect_leaf(bb, kvcomm_config(c)), GATE, about="Table 7: the aggregator always prefilled dense"
+    ),
+    "random-alloc": Spec(
+        lambda bb, c: RandomAllocationServer(bb, value_of(c), _seed(c), kvcomm_config(c)),
+        GATE | SEED,
+        paper.RANDOM_ALLOCATION_P,
+        about="Table 7: each reuse the gate allows is given up with probability p",
+    ),
+    "bcr-chunk": repair_spec("chunk", lambda c: DraftSelector(), {}, "BCR, whole chunks (Algorithm 1)"),
+    "bcr-grow": repair_spec("grow", lambda c: DraftSelector(), GROW, "BCR, spans grown from the best rows"),
+    "bcr-single": repair_spec("single", lambda c: DraftSelector(), {}, "BCR, single rows"),
+    "coin-chunk": repair_spec("chunk", lambda c: _coin(c, "chunk"), SEED | MATCH, "a fair coin per chunk"),
+    "coin-single": repair_spec("single", lambda c: _coin(c, "single"), SEED | MATCH, "a fair coin per row"),
+    "cacheblend-cost": repair_spec(
+        "single", lambda c: CacheBlendSelector(), MATCH, "CacheBlend's layer-1 rule at BCR's budget"
+    ),
+    "cacheblend-reuse": Spec(
+        lambda bb, c: _cacheblend_reuse(bb, c),
+        GATE | REPAIR,
+        None,
+        "single",
+        rho=lambda c: 1.0 - c.value,
+        about="CacheBlend at the paired BCR-chunk reuse rate r: rho = 1 - r",
+    ),
 }
+# the repair conditions whose main value is the budget rho
+REPAIRS = tuple(name for name, spec in SPECS.items() if spec.layout is not None and spec.rho is None)

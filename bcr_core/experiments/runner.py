@@ -25,7 +25,7 @@ from bcr_core.agents.pipeline import Pipeline
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import OPTIONS, REPAIRS, Condition, expand_seeds, make_server, parse
+from bcr_core.experiments.conditions import REPAIRS, SPECS, Condition, expand_seeds, make_server, parse
 from bcr_core.experiments.lanes import Unit, run_lanes
 from bcr_core.paths import utf8_text, written_whole
 from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
@@ -74,7 +74,7 @@ def check_value(c: Condition) -> None:
         raise refuse(f"r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
     if c.name in REPAIRS and c.value is not None and not 0.0 <= c.value <= 1.0:
         raise refuse(f"rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
-    if "seed" in OPTIONS[c.name] and c.option("seed") < 0:
+    if "seed" in SPECS[c.name].options and c.option("seed") < 0:
         raise refuse(f"option seed is a coin stream's seed, at least 0; got {c.option('seed')}")
 
 

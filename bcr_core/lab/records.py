@@ -20,7 +20,7 @@ import pandas as pd
 
 from bcr_core.data import benchmarks
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import DEFAULT_VALUES, OPTIONS, parse
+from bcr_core.experiments.conditions import SPECS, parse
 from bcr_core.experiments.runner import Cell, read_jsonl, run_cell
 
 
@@ -98,9 +98,9 @@ def canonical(condition: str) -> tuple:
 def condition(name: str, value: float | None = None, **options) -> str:
     """A condition label from its parts, leaving out options at their defaults:
     condition("bcr-chunk", 0.2, chunk=64) == "bcr-chunk@0.2"; condition("kvcomm", 0.3) == "kvcomm"."""
-    if name == "kvcomm" and value == DEFAULT_VALUES["kvcomm"]:
+    if name == "kvcomm" and value == SPECS["kvcomm"].value:
         value = None
-    takes = OPTIONS.get(name, {})
+    takes = SPECS[name].options if name in SPECS else {}
     kept = {k: v for k, v in options.items() if v is not None and (k not in takes or takes[k].default != v)}
     spec = name + ("" if value is None else f"@{value:g}")
     if kept:

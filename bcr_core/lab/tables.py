@@ -12,7 +12,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import REPAIR_LAYOUTS, layout_config, parse, value_of
+from bcr_core.experiments.conditions import SPECS, layout_config, parse
 from bcr_core.experiments.stats import SPLIT, line_residuals, paired_split, paired_table, reuse_accuracy_line, wilson_ci
 from bcr_core.experiments.summary import paired_only, with_agreement
 from bcr_core.repair.layouts import LayoutConfig, layout
@@ -159,11 +159,10 @@ def line_points(dense_value: float, endpoint_value: float, endpoint_rate: float,
 def condition_budget(condition: str) -> tuple[str, float, LayoutConfig] | None:
     """(layout, rho, layout settings) a repair condition spends, or None for one that repairs nothing."""
     c = parse(condition)
-    server_layout = REPAIR_LAYOUTS.get(c.name)
-    if server_layout is None:
+    spec = SPECS[c.name]
+    if spec.layout is None:
         return None
-    rho = 1.0 - c.value if c.name == "cacheblend-reuse" else value_of(c)
-    return server_layout, rho, layout_config(c)
+    return spec.layout, spec.budget(c), layout_config(c)
 
 
 def budget_check(calls: pd.DataFrame) -> pd.DataFrame:
