@@ -66,8 +66,15 @@ def per_item(frame: pd.DataFrame, budget: str = PAIRED, measure: str = "kl") -> 
     return table.reindex([i for i in order if i in table.index])
 
 
+def registered(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame as pre-registered: `ours` only on the run's second half of items (index >= n / 2)."""
+    return frame[(frame["selector"] != OURS) | (frame["index"] >= frame["items"] / 2)]
+
+
 def selector_table(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
-    """Per selector at `budget`: per-item KL (mean, 95% bootstrap interval), per-call rates, rows, cost."""
+    """Per selector at `budget`: per-item KL (mean, 95% bootstrap interval), per-call rates, rows, cost;
+    `ours` on the second half of the items (`registered`), `items` saying how many each row holds."""
+    frame = registered(frame)
     kl = per_item(frame, budget)
     own = frame[frame["budget"] == budget].assign(
         selector=lambda f: f["selector"].map(lambda s: COIN if is_coin(s) else s)
@@ -82,12 +89,13 @@ def selector_table(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     )
     out = []
     for selector in kl.columns:
-        lo, hi = inf.bootstrap_ci(kl[selector].to_numpy())
+        values = kl[selector].dropna().to_numpy()
+        lo, hi = inf.bootstrap_ci(values)
         out.append(
             {
                 "selector": selector,
-                "items": len(kl),
-                "kl_per_item": float(kl[selector].mean()),
+                "items": len(values),
+                "kl_per_item": float(values.mean()),
                 "kl_lo": lo,
                 "kl_hi": hi,
             }
@@ -100,8 +108,9 @@ def selector_table(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
 def gap_share(frame: pd.DataFrame, budget: str = PAIRED) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per item, overall): (coin - selector) / (coin - oracle). Per item only where the oracle's
     KL lies below the coin's; overall the ratio of the means over items, with a bootstrap 95%
-    interval over items (resampling items, the ratio of the resampled means)."""
-    kl = per_item(frame, budget)
+    interval over items (resampling items, the ratio of the resampled means); `ours` on the second
+    half of the items, as pre-registered."""
+    kl = per_item(registered(frame), budget)
     if COIN not in kl or ORACLE not in kl:
         raise UsageError("the gap share needs the coin and the oracle among the selectors")
     gain = kl[COIN] - kl[ORACLE]
@@ -109,6 +118,7 @@ def gap_share(frame: pd.DataFrame, budget: str = PAIRED) -> tuple[pd.DataFrame, 
     overall = []
     for selector in per.columns:
         pairs = np.column_stack([kl[COIN] - kl[selector], gain])
+        pairs = pairs[~np.isnan(pairs).any(axis=1)]
         ratio = lambda v: v[:, 0].mean() / v[:, 1].mean() if v[:, 1].mean() > 0 else np.nan
         draws = inf.bootstrap_draws(pairs, ratio)
         lo, hi = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (np.nan, np.nan)
