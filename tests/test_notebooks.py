@@ -14,7 +14,6 @@ import torch
 
 from bcr_core import lab
 from bcr_core.cli import main
-from bcr_core.experiments.runner import Cell, run_cell
 from bcr_core.lab import inspection, params
 from bcr_core.lab.notebooks import (
     NotebookError,
@@ -25,6 +24,8 @@ from bcr_core.lab.notebooks import (
 )
 from bcr_core.lab.params import ParameterError
 from bcr_core.repair.layouts import LayoutConfig, layout
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.runner import run_cell
 
 EXPECTED = [
     "00_quickstart",

@@ -4,9 +4,10 @@ cells: the same bad value is refused with the same words on each, under that sur
 import pytest
 
 from bcr_core import cli
-from bcr_core.experiments.conditions import parse
 from bcr_core.lab import params
-from bcr_core.settings import SettingError, check_run
+from bcr_core.runs.conditions import parse
+from bcr_core.runs.settings import check_run
+from bcr_core.settings import SettingError
 
 # (key, a bad value, the CLI's spelling of it, what every surface must say after the key)
 CASES = [

@@ -4,8 +4,8 @@ attention explorer (`explorer`). A notebook imports `from bcr_core import lab` a
 below; each lives in the module named beside it.
 """
 
+from bcr_core.analysis.summary import with_agreement
 from bcr_core.engine.loading import lazy_backbone
-from bcr_core.experiments.summary import with_agreement
 from bcr_core.lab.explorer import (
     SELECTED,
     Exploration,

@@ -20,8 +20,10 @@ import pandas as pd
 
 from bcr_core.data import benchmarks
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import DEFAULT_VALUES, OPTIONS, parse
-from bcr_core.experiments.runner import Cell, read_jsonl, run_cell
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.conditions import DEFAULT_VALUES, OPTIONS, parse
+from bcr_core.runs.run_files import read_jsonl
+from bcr_core.runs.runner import run_cell
 
 
 @dataclass(frozen=True)
