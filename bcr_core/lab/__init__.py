@@ -16,7 +16,7 @@ from bcr_core.lab.explorer import (
     update_figure,
 )
 from bcr_core.lab.inspection import CallView, Inspection, answers_side_by_side, inspect_requests
-from bcr_core.lab.records import Grid, Runs, cached_frame, canonical, collect, condition, label, safe_name
+from bcr_core.lab.records import Comparison, Runs, cached_frame, canonical, collect, condition, label, safe_name
 from bcr_core.lab.tables import (
     agreement_table,
     block_table,
@@ -39,9 +39,9 @@ from bcr_core.lab.tables import (
 __all__ = [
     "SELECTED",
     "CallView",
+    "Comparison",
     "Exploration",
     "Explorer",
-    "Grid",
     "Inspection",
     "Runs",
     "agreement_table",
