@@ -48,7 +48,7 @@ def print_table(table, args, digits: int | None = None) -> int:
 
 
 def cmd_verify(args) -> int:
-    from bcr_core.experiments.verify import verify
+    from bcr_core.probes.verify import verify
 
     report = verify(load_backbone(args.model), prompt=args.prompt)
     if args.json:
@@ -72,7 +72,7 @@ def cmd_verify(args) -> int:
 def cmd_demo(args) -> int:
     import pandas as pd
 
-    from bcr_core.experiments.demo import demo
+    from bcr_core.probes.demo import demo
 
     if args.new_tokens < 1:
         raise UsageError(f"--new-tokens must be at least 1, got {args.new_tokens}")
@@ -82,9 +82,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bcr_core.experiments.conditions import split_conditions
-    from bcr_core.experiments.runner import make_cell, run_cell
-    from bcr_core.experiments.summary import summarize
+    from bcr_core.analysis.summary import summarize
+    from bcr_core.runs.cell import make_cell
+    from bcr_core.runs.conditions import split_conditions
+    from bcr_core.runs.runner import run_cell
 
     cell = make_cell(
         args.benchmark,
@@ -108,7 +109,7 @@ def cmd_run(args) -> int:
 def cmd_arena(args) -> int:
     from bcr_core.arena.measures import arena_frame, selector_table
     from bcr_core.arena.run import make_arena_cell, run_arena
-    from bcr_core.experiments.runner import read_jsonl
+    from bcr_core.runs.run_files import read_jsonl
 
     cell = make_arena_cell(
         args.n,
@@ -140,7 +141,8 @@ def cmd_arena(args) -> int:
 
 
 def cmd_grid(args) -> int:
-    from bcr_core.experiments.grid import combined_table, read_grid, run_grid
+    from bcr_core.runs.grid import run_grid
+    from bcr_core.runs.grid_cells import combined_table, read_grid
 
     grid = read_grid(args.file, model=args.model)
     failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
@@ -153,7 +155,7 @@ def cmd_grid(args) -> int:
 
 
 def cmd_unit_curve(args) -> int:
-    from bcr_core.experiments.unit_curve import (
+    from bcr_core.probes.unit_curve import (
         UnitCurveConfig,
         default_texts,
         read_prompts,
@@ -177,7 +179,7 @@ def cmd_unit_curve(args) -> int:
 
 
 def cmd_ttft(args) -> int:
-    from bcr_core.experiments.latency import check_lengths, check_settings, ttft_table
+    from bcr_core.probes.latency import check_lengths, check_settings, ttft_table
 
     lengths, rhos = split_list(args.lengths, int, "--lengths"), split_list(args.rho, float, "--rho")
     check_settings(lengths, args.samples)
@@ -286,7 +288,7 @@ def split_list(text: str, kind, option: str | None = None):
 
 def build_parser() -> argparse.ArgumentParser:
     from bcr_core.data.benchmarks import NAMES as BENCHMARKS
-    from bcr_core.experiments.verify import DEFAULT_PROMPT
+    from bcr_core.probes.verify import DEFAULT_PROMPT
 
     parser = argparse.ArgumentParser(prog="bcr", description="BCR lab: cross-context KV-cache reuse and its repair")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -324,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--conditions",
         required=True,
-        help="comma-separated, e.g. dense,kvcomm,bcr-chunk,coin-chunk@0.2:seed=1 (see bcr_core.experiments.conditions)",
+        help="comma-separated, e.g. dense,kvcomm,bcr-chunk,coin-chunk@0.2:seed=1 (see bcr_core.runs.conditions)",
     )
     run.add_argument("--n", type=int, required=True, help="number of items (the first n, same for every condition)")
     run.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")

@@ -1,6 +1,6 @@
-"""The one settings model: the kinds of value a setting takes, the one validator every surface
-uses (`check_setting`), and the settings of `bcr run` (`RUN`), which `bcr grid` and the notebooks'
-parameter cells read too.
+"""The one settings model: the kinds of value a setting takes and the one validator every surface
+uses (`check_setting`). The settings of `bcr run` built from them (`bcr_core.runs.settings.RUN`),
+which `bcr grid` and the notebooks' parameter cells read too, live with the runner.
 
 A bad value is a `SettingError` that names the key, what was given and what the key expects, on
 one line: `--agents: expected int in [2, 5], got 9 (9 is outside in [2, 5])`. The key travels with
@@ -14,8 +14,6 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from bcr_core.data.benchmarks import NAMES
-from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
 
 
@@ -140,23 +138,6 @@ class Str(Kind):
 
 
 @dataclass(frozen=True)
-class ConditionName(Str):
-    """A condition such as `kvcomm@0.5` or `bcr-chunk@0.2:chunk=16` (see `bcr_core.experiments.conditions`)."""
-
-    def describe(self):
-        return "str (a condition, e.g. 'kvcomm' or 'bcr-chunk@0.2')"
-
-    def problem(self, value):
-        from bcr_core.experiments.conditions import parse
-
-        try:
-            parse(value)
-        except ValueError as err:
-            return str(err)
-        return None
-
-
-@dataclass(frozen=True)
 class ListOf(Kind):
     item: Kind
     min_len: int = 1
@@ -207,29 +188,6 @@ def _range_text(low, high, open_low: bool = False) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class Conditions(ListOf):
-    """A list of conditions, or one comma-separated string of them (as `bcr run --conditions`)."""
-
-    item: Kind = ConditionName()
-
-    def describe(self):
-        return "a list of conditions (or one comma-separated string), e.g. ['dense', 'kvcomm']"
-
-    def accepts(self, value):
-        return isinstance(value, str) or super().accepts(value)
-
-    def problem(self, value):
-        pieces = self.normalise(value)
-        return "it names no condition" if not pieces else super().problem(pieces)
-
-    def normalise(self, value):
-        from bcr_core.experiments.conditions import split_conditions
-
-        specs = [value] if isinstance(value, str) else list(value)
-        return [piece for spec in specs for piece in split_conditions(spec)]
-
-
 def check_setting(key: str, value, kind: Kind, label: str | None = None):
     """The one validator: `value`, normalised (ints for ints, floats for floats, lists for
     sequences), or a SettingError naming the key, what it expects and what was given."""
@@ -246,41 +204,3 @@ class Setting:
     kind: Kind
     default: object = None
     required: bool = False
-
-
-SEED = Int(0)  # a coin stream's seed
-
-# Every `bcr run` setting (the grid file's keys, and the notebooks' parameters of the same name),
-# with `bcr run`'s defaults.
-RUN: dict[str, Setting] = {
-    "benchmark": Setting(Str(NAMES), required=True),
-    "agents": Setting(Int(2, 5), 3),
-    "conditions": Setting(Conditions(), required=True),
-    "n": Setting(Int(1), required=True),
-    "max_new_tokens": Setting(Int(1), 512),
-    "seeds": Setting(Optional(ListOf(SEED, min_len=0))),  # [] in a grid cell: no seeds, whatever the defaults say
-    "model": Setting(Str(), DEFAULT_MODEL),
-    "pinned": Setting(Optional(Str())),
-    "reference": Setting(Optional(ConditionName())),
-    "item_seed": Setting(Int(0), 0),
-    "batch": Setting(Int(1), 1),
-    "fidelity": Setting(Bool(), False),
-}
-
-
-def check_run(settings: dict, label=cli_label) -> dict:
-    """`bcr run`'s settings, each by the one validator (`label(key)` names it in the error), then
-    the checks that read two keys; each error carries the key it is about."""
-    unknown = [key for key in settings if key not in RUN]
-    if unknown:
-        raise SettingError(unknown[0], f"unknown setting; the settings: {', '.join(RUN)}", label(unknown[0]))
-    checked = {key: check_setting(key, value, RUN[key].kind, label(key)) for key, value in settings.items()}
-    full = {key: s.default for key, s in RUN.items()} | checked
-    if "benchmark" in full and full["benchmark"] is not None:
-        from bcr_core.agents.graph import full_connected
-
-        try:
-            full_connected(full["benchmark"], full["agents"], full["pinned"])
-        except SettingError as err:
-            raise err.relabel(label(err.key)) from None
-    return checked

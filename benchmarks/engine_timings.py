@@ -9,7 +9,7 @@ wrong the rows are), BCR's two-token draft, and one decode step. Each reports it
 `repeats` (after a warm-up), GFLOP/s, GB/s moved (weights read once per forward pass, cached rows
 read and written: what bounds a decode step), and the fraction of its bound: each forward pass at
 its arithmetic or its memory traffic, whichever is slower, at the rates this process measures at
-this length (bcr_core/experiments/bound.py). `--profile` adds torch.profiler's top entries for each
+this length (bcr_core/probes/bound.py). `--profile` adds torch.profiler's top entries for each
 operation at the last length, and how much of its wall time the device was busy.
 """
 
@@ -26,7 +26,7 @@ import torch
 from bcr_core import paper
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
-from bcr_core.experiments.bound import Shape, decode_pass, draft_passes, forward_pass, measure_rates, timed
+from bcr_core.probes.bound import Shape, decode_pass, draft_passes, forward_pass, measure_rates, timed
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")  # the profiler's names for a launch
 

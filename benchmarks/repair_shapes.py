@@ -18,7 +18,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bcr_core.engine.backbone import Backbone
-from bcr_core.experiments.bound import timed
+from bcr_core.probes.bound import timed
 
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

@@ -3,7 +3,7 @@
     python benchmarks/table10.py --model config:llama-3.1-8b --out DIR [--lengths 64,512,2048,4096]
         [--rho 0.05,0.1,0.2,0.3,0.4] [--samples 3]
 
-The protocol is `bcr ttft`'s (bcr_core/experiments/latency.py), one length at a time: after each
+The protocol is `bcr ttft`'s (bcr_core/probes/latency.py), one length at a time: after each
 length its paired calls are appended to DIR/calls.csv and the summary so far is rewritten to
 DIR/table.csv and DIR/table.json, so a run stopped by a time limit keeps every finished length.
 DIR/machine.json names the device, the versions and the rates the bound is taken at.
@@ -23,7 +23,7 @@ import transformers
 
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
-from bcr_core.experiments.latency import summarize_ttft, ttft_calls
+from bcr_core.probes.latency import summarize_ttft, ttft_calls
 
 # The paper's Table 10 (Llama-3.1-8B, bf16, one A100 80GB): TTFT in ms by segment length.
 PAPER_A100_MS = {

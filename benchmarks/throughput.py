@@ -24,7 +24,9 @@ import pandas as pd
 
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
-from bcr_core.experiments.runner import Cell, read_jsonl, run_cell
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.run_files import read_jsonl
+from bcr_core.runs.runner import run_cell
 
 COMPARED = ("output_tokens", "mode", "reason", "decisions", "repaired_rows")
 

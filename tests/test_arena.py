@@ -20,8 +20,10 @@ from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
 from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main
 from bcr_core.engine.kv import KV
-from bcr_core.experiments.runner import make_cell, read_jsonl, run_cell
 from bcr_core.repair.selectors import CacheBlendSelector
+from bcr_core.runs.cell import make_cell
+from bcr_core.runs.run_files import read_jsonl
+from bcr_core.runs.runner import run_cell
 from tests.conftest import random_ids, record_differences
 
 # A 40-token prompt: an exact prefix [0, 10), then the question [10, 25) and the text after it

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from bcr_core.experiments.conditions import make_server, parse
 from bcr_core.repair.row_scores import row_scores
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
+from bcr_core.runs.conditions import make_server, parse
 from tests.helpers import QUESTIONS, run
 
 

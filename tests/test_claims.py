@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.experiments import claims, claims_grid, claims_report, inference, protocol
-from bcr_core.experiments.runner import Cell, run_cell
+from bcr_core.analysis import claims, claims_grid, claims_report, inference, protocol
 from bcr_core.paths import RESULTS
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.runner import run_cell
 
 
 def exact_p(b: int, c: int) -> float:

@@ -11,11 +11,12 @@ from scipy import stats as scipy_stats
 
 from bcr_core import lab
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
-from bcr_core.experiments.conditions import make_server, parse
-from bcr_core.experiments.runner import Cell, item_record, run_cell
-from bcr_core.experiments.summary import summarize
+from bcr_core.analysis.summary import summarize
 from bcr_core.repair.layouts import Chunk, LayoutConfig
 from bcr_core.reuse.calls import CallRecord
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.conditions import make_server, parse
+from bcr_core.runs.runner import item_record, run_cell
 from tests.helpers import QUESTIONS, run
 
 

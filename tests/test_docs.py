@@ -2,8 +2,9 @@
 docs, the README and every module of the package, docstrings and comments alike):
 
 1. Every backticked dotted name whose first part is `bcr_core` or one of its subpackages
-   (`agents`, `data`, `engine`, `experiments`, `lab`, `repair`, `reuse`, read from the package
-   folder) resolves: the longest importable prefix is imported, the rest looked up with getattr.
+   (`agents`, `analysis`, `arena`, `data`, `engine`, `lab`, `probes`, `repair`, `reuse`, `runs`,
+   read from the package folder) resolves: the longest importable prefix is imported, the rest
+   looked up with getattr.
    `bcr_core.lab.tables.line_points` and `lab.tables.line_points` are both checked; `Backbone.load`
    or `paper.py` are not names of this form.
 2. Every `docs/design.md §N` cited anywhere in the repository's code, tests, notebooks or docs is
@@ -66,8 +67,8 @@ def design_sections() -> set[str]:
 
 def test_the_rules_see_what_they_check():
     names = dict(dotted_names())
-    assert "bcr_core.experiments.stats.mcnemar_exact" in names  # docs/design.md is scanned
-    assert "bcr_core.experiments.summary.with_agreement" in names  # and so are docstrings
+    assert "bcr_core.analysis.stats.mcnemar_exact" in names  # docs/design.md is scanned
+    assert "bcr_core.analysis.summary.with_agreement" in names  # and so are docstrings
     assert resolve("lab.tables.line_points") is resolve("bcr_core.lab.tables.line_points")
     with pytest.raises(AttributeError):
         resolve("bcr_core.lab.tables.no_such_name")

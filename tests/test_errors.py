@@ -10,9 +10,9 @@ from bcr_core import cli
 from bcr_core.engine.assets import AssetError
 from bcr_core.engine.models import ModelError
 from bcr_core.errors import UsageError
-from bcr_core.experiments.grid import GridError
 from bcr_core.lab.notebooks import NotebookError
 from bcr_core.lab.params import ParameterError
+from bcr_core.runs.grid_cells import GridError
 
 
 def run_cli(body: str) -> subprocess.CompletedProcess:

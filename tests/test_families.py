@@ -6,7 +6,7 @@ import pytest
 from conftest import FAMILIES, tiny_family_config
 
 from bcr_core.engine.backbone import Backbone
-from bcr_core.experiments.verify import verify
+from bcr_core.probes.verify import verify
 
 EMBEDDED_VOCAB = 49152  # config-only models speak the embedded model's tokenizer
 

@@ -13,8 +13,8 @@ from conftest import tiny_llama_config
 
 import bcr_core
 from bcr_core import cli
-from bcr_core.experiments import grid, grid_ray
-from bcr_core.experiments.runner import process_alive, read_jsonl
+from bcr_core.runs import grid, grid_cells, grid_ray
+from bcr_core.runs.run_files import process_alive, read_jsonl
 
 TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 GRID = """
@@ -79,7 +79,7 @@ def test_in_process_grid_writes_each_cell_as_bcr_run_and_one_table(in_process):
     for name in ("two_agents", "coin"):
         assert len(read_jsonl(in_process / name / "items.jsonl")) == 6
         assert (in_process / name / "summary.csv").exists() and (in_process / name / "cell.json").exists()
-    table = grid.pd.read_csv(in_process / "grid.csv")
+    table = grid_cells.pd.read_csv(in_process / "grid.csv")
     assert list(table[["cell", "condition"]].itertuples(index=False, name=None)) == [
         ("two_agents", "dense"),
         ("two_agents", "kvcomm@1"),
@@ -93,15 +93,15 @@ def test_in_process_grid_writes_each_cell_as_bcr_run_and_one_table(in_process):
 
 def test_a_finished_grid_runs_nothing(in_process, tiny_config):
     before = {p: p.stat().st_mtime_ns for p in in_process.glob("*/*.jsonl")}
-    cells = grid.read_grid(in_process.parent / "grid.toml")
+    cells = grid_cells.read_grid(in_process.parent / "grid.toml")
     assert grid.run_grid(cells, in_process) == []
     assert {p: p.stat().st_mtime_ns for p in in_process.glob("*/*.jsonl")} == before
 
 
 def test_the_grid_files_in_the_readme_read():
     root = Path(bcr_core.__file__).parent.parent
-    assert [g.name for g in grid.read_grid(root / "grids" / "two_cells.toml")] == ["synthetic_2", "synthetic_3"]
-    paper = grid.read_grid(root / "grids" / "paper.toml")
+    assert [g.name for g in grid_cells.read_grid(root / "grids" / "two_cells.toml")] == ["synthetic_2", "synthetic_3"]
+    paper = grid_cells.read_grid(root / "grids" / "paper.toml")
     assert len(paper) == 13 and {g.cell.model for g in paper} == {"meta-llama/Llama-3.1-8B-Instruct"}
     two_cells = (root / "grids" / "two_cells.toml").read_text().split("\n\n", 1)[1]
     assert two_cells in (root / "README.md").read_text()
@@ -173,7 +173,7 @@ def ray_address():
 
 
 def test_ray_grid_gives_the_records_of_the_in_process_grid(in_process, ray_address, tmp_path, tiny_config):
-    cells = grid.read_grid(grid_file(tmp_path, tiny_config))
+    cells = grid_cells.read_grid(grid_file(tmp_path, tiny_config))
     assert grid.run_grid(cells, tmp_path / "grid", ray=ray_address) == []
     for name in ("two_agents", "coin"):
         for kind in ("items.jsonl", "calls.jsonl"):
@@ -181,8 +181,8 @@ def test_ray_grid_gives_the_records_of_the_in_process_grid(in_process, ray_addre
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "grid").glob("*/*.jsonl")}
     assert grid.run_grid(cells, tmp_path / "grid", ray=ray_address) == []  # finished cells are not resubmitted
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "grid").glob("*/*.jsonl")} == before
-    table = grid.combined_table(cells, tmp_path / "grid")
-    expected = grid.pd.read_csv(in_process / "grid.csv")
+    table = grid_cells.combined_table(cells, tmp_path / "grid")
+    expected = grid_cells.pd.read_csv(in_process / "grid.csv")
     assert (
         table[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
         == expected[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
@@ -201,15 +201,17 @@ def test_a_killed_ray_grid_is_finished_by_the_next_run(ray_address, tmp_path, ti
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    cells = grid.read_grid(path)
+    cells = grid_cells.read_grid(path)
     deadline = time.monotonic() + 240  # generous: a loaded machine starts Ray workers slowly
-    while sum(grid.count_lines(out / g.name / "items.jsonl") for g in cells) < 3:
+    while sum(grid_cells.count_lines(out / g.name / "items.jsonl") for g in cells) < 3:
         assert driver.poll() is None and time.monotonic() < deadline, "the Ray grid wrote no items"
         time.sleep(0.05)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     deadline = time.monotonic() + 30  # the dead driver's tasks are ended by Ray
-    while any(holder and process_alive(int(holder)) for holder in (grid.lock_holder(out / g.name) for g in cells)):
+    while any(
+        holder and process_alive(int(holder)) for holder in (grid_cells.lock_holder(out / g.name) for g in cells)
+    ):
         assert time.monotonic() < deadline, "the killed grid's tasks kept running"
         time.sleep(0.2)
     written = {g.name: records(out / g.name, "items.jsonl", timing=True) for g in cells}

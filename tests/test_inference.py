@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bcr_core.experiments import inference as inf
+from bcr_core.analysis import inference as inf
 
 
 @pytest.mark.parametrize(

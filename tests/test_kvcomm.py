@@ -277,7 +277,7 @@ def test_a_deviation_prefilled_from_the_same_ids_is_held_once(tiny_chat):
     Equation 1 computed alone, and forgotten once no anchor holds it."""
     import gc
 
-    from bcr_core.experiments.latency import copy_templates
+    from bcr_core.probes.latency import copy_templates
     from bcr_core.reuse.calls import drive
     from bcr_core.reuse.prompts import QUESTION, build_prompt
     from bcr_core.reuse.segments import share_segment_caches

@@ -5,8 +5,8 @@ import random
 import pandas as pd
 import pytest
 
-from bcr_core.experiments.bound import Rates, Shape, call_flops, call_passes
-from bcr_core.experiments.latency import summarize_ttft, symbol_segment, ttft_calls
+from bcr_core.probes.bound import Rates, Shape, call_flops, call_passes
+from bcr_core.probes.latency import summarize_ttft, symbol_segment, ttft_calls
 
 
 def test_symbol_segments_have_the_requested_length(chat_tokenizer):

@@ -22,7 +22,7 @@ SETTINGS = dict(
 
 @pytest.fixture(scope="module")
 def served(tiny_chat):
-    items = lab.Grid("synthetic", 2, 4, 4, item_seed=34).items()
+    items = lab.Comparison("synthetic", 2, 4, 4, item_seed=34).items()
     return lab.inspect_requests(
         tiny_chat, "synthetic", items, 2, "bcr-chunk@0.3:gamma=1,chunk=8", 4, progress=False, chunk=8
     )

@@ -14,7 +14,6 @@ import torch
 
 from bcr_core import lab
 from bcr_core.cli import main
-from bcr_core.experiments.runner import Cell, run_cell
 from bcr_core.lab import inspection, params
 from bcr_core.lab.notebooks import (
     NotebookError,
@@ -25,6 +24,8 @@ from bcr_core.lab.notebooks import (
 )
 from bcr_core.lab.params import ParameterError
 from bcr_core.repair.layouts import LayoutConfig, layout
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.runner import run_cell
 
 EXPECTED = [
     "00_quickstart",
@@ -196,17 +197,19 @@ def test_wrong_parameter_type_stops_the_notebook_with_one_clear_line(tmp_path, c
 
 
 # -- inspection helpers on a tiny model -----------------------------------------------------------
-GRID = lab.Grid("synthetic", 2, 4, 4, item_seed=34)
+COMPARISON = lab.Comparison("synthetic", 2, 4, 4, item_seed=34)
 
 
 def test_collect_reads_an_existing_run_under_another_label(tiny_chat, tmp_path):
     cell = Cell("synthetic", 2, ("dense", "kvcomm@0.3", "bcr-single:gamma=1"), 4, 4, extra={"seed": 34})
     run_cell(tiny_chat, cell, tmp_path / "by-bcr-run", progress=False)
-    runs = lab.collect(GRID, ["dense", "kvcomm", "bcr-single@0.2:gamma=1"], tmp_path, backbone=None, progress=False)
+    runs = lab.collect(
+        COMPARISON, ["dense", "kvcomm", "bcr-single@0.2:gamma=1"], tmp_path, backbone=None, progress=False
+    )
     assert set(runs.sources.values()) == {tmp_path / "by-bcr-run"}  # nothing recomputed (there is no model)
     assert list(runs.items["condition"].unique()) == ["dense", "kvcomm", "bcr-single@0.2:gamma=1"]
     with pytest.raises(ValueError, match="no model to compute it with"):
-        lab.collect(GRID, ["bcr-grow"], tmp_path, backbone=None, progress=False)
+        lab.collect(COMPARISON, ["bcr-grow"], tmp_path, backbone=None, progress=False)
 
 
 def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
@@ -217,7 +220,7 @@ def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
         "bcr-chunk@0.5:gamma=1,chunk=8",
         "coin-chunk@0.5:gamma=1,chunk=8",
     ]
-    runs = lab.collect(GRID, conditions, tmp_path, backbone=tiny_chat, progress=False)
+    runs = lab.collect(COMPARISON, conditions, tmp_path, backbone=tiny_chat, progress=False)
     budget = lab.budget_check(runs.calls)
     assert budget["within"].all() and (budget[budget["mode"] == "reuse"]["rows"] > 0).any()
     table = lab.condition_table(runs.items, reference="kvcomm@1")
@@ -246,7 +249,7 @@ def test_tables_and_budget_check_on_a_tiny_run(tiny_chat, tmp_path):
 
 
 def test_explore_selects_what_the_layout_prescribes(tiny_chat):
-    items = GRID.items()
+    items = COMPARISON.items()
     inspection = lab.inspect_requests(
         tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4, progress=False
     )
@@ -292,7 +295,7 @@ def test_reports_open_offline(tmp_path):
 
 
 def test_explorer_figure_holds_plain_lists_and_keeps_its_highlight_colour(tiny_chat):
-    items = GRID.items()
+    items = COMPARISON.items()
     view = lab.inspect_requests(
         tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4, progress=False
     ).view()

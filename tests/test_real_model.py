@@ -6,7 +6,7 @@ import pytest
 
 from bcr_core.cli import main
 from bcr_core.engine.assets import SMOLLM2_GGUF, cache_dir, fetch, sha256_of
-from bcr_core.experiments.verify import MIN_TOKENS_COMPARED
+from bcr_core.probes.verify import MIN_TOKENS_COMPARED
 
 pytestmark = pytest.mark.real_model
 
@@ -51,7 +51,7 @@ def test_cli_names_an_unknown_model(capsys):
 
 @pytest.mark.parametrize("name", ["chunk", "grow", "single"])
 def test_every_layout_at_full_budget_reproduces_dense(real, name):
-    from bcr_core.experiments.verify import cache_under_prefix
+    from bcr_core.probes.verify import cache_under_prefix
     from bcr_core.repair.layouts import layout
     from bcr_core.repair.selectors import DraftSelector
 
@@ -77,7 +77,7 @@ def test_config_only_model_runs_the_ttft_protocol_with_the_embedded_tokenizer(tm
     from conftest import tiny_llama_config
 
     from bcr_core.engine.backbone import Backbone
-    from bcr_core.experiments.latency import ttft_calls
+    from bcr_core.probes.latency import ttft_calls
 
     config = tiny_llama_config(vocab_size=49152)
     config.save_pretrained(tmp_path)

@@ -16,8 +16,10 @@ from bcr_core.cli import main
 from bcr_core.data import datasets
 from bcr_core.engine import models
 from bcr_core.engine.assets import AssetError
-from bcr_core.experiments import runner
-from bcr_core.experiments.runner import Cell, RunFiles, run_cell
+from bcr_core.runs import run_files, runner
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.run_files import RunFiles
+from bcr_core.runs.runner import run_cell
 
 CELL = Cell(
     "synthetic",
@@ -277,7 +279,7 @@ def test_bcr_cache_pointing_at_a_file_is_one_line(tmp_path, monkeypatch, capsys)
 
 
 def test_prompts_that_are_a_folder_or_malformed_name_the_file_and_line(tmp_path):
-    from bcr_core.experiments.unit_curve import read_prompts
+    from bcr_core.probes.unit_curve import read_prompts
 
     with pytest.raises(ValueError, match="is a folder"):
         read_prompts(tmp_path)
@@ -413,7 +415,7 @@ TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 
 
 def records(path):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in runner.read_jsonl(path)]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in run_files.read_jsonl(path)]
 
 
 def test_a_torn_item_line_is_redone_and_records_are_written_through_symlinks(tiny_chat, finished, tmp_path):
@@ -450,8 +452,8 @@ def gzipped(path, text: str) -> None:
 
 
 def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
-    from bcr_core.experiments.grid import read_grid
-    from bcr_core.experiments.unit_curve import read_prompts
+    from bcr_core.probes.unit_curve import read_prompts
+    from bcr_core.runs.grid_cells import read_grid
 
     gzipped(tmp_path / "cell.json", (finished / "cell.json").read_text())
     with pytest.raises(ValueError, match=r"cell.json is not UTF-8 text \(byte 1, it is gzip'd\); expected a run's"):
@@ -459,7 +461,7 @@ def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
     out = copied(finished, tmp_path)
     gzipped(out / CALLS, (finished / CALLS).read_text())
     with pytest.raises(ValueError, match=r"run/calls.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected rec"):
-        runner.read_jsonl(out / CALLS)
+        run_files.read_jsonl(out / CALLS)
     (tmp_path / "grid.toml").write_bytes(b"[defaults]\nn = 2 # \xe9t\xe9\n")  # Latin-1
     with pytest.raises(ValueError, match=r"grid.toml is not UTF-8 text \(byte 19\); expected a grid file in TOML"):
         read_grid(tmp_path / "grid.toml")
@@ -495,7 +497,7 @@ def test_a_value_no_server_takes_names_the_condition(condition, message):
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG])  # a full disk; a file past the size limit
 def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished, tmp_path, monkeypatch, code):
-    real_append, appended = runner.append_jsonl, []
+    real_append, appended = run_files.append_jsonl, []
 
     def fill_up(path, rows):
         if len(appended) == 7:  # item 4's calls: half a line gets to disk, then the disk is full
@@ -505,11 +507,11 @@ def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished
         appended.append(path)
         real_append(path, rows)
 
-    monkeypatch.setattr(runner, "append_jsonl", fill_up)
+    monkeypatch.setattr(run_files, "append_jsonl", fill_up)
     with pytest.raises(ValueError, match=rf"the disk is full \({os.strerror(code)}\) while appending item .*intact"):
         run_cell(tiny_chat, CELL, tmp_path, progress=False)
-    assert len(runner.read_jsonl(tmp_path / ITEMS)) == 3
-    monkeypatch.setattr(runner, "append_jsonl", real_append)
+    assert len(run_files.read_jsonl(tmp_path / ITEMS)) == 3
+    monkeypatch.setattr(run_files, "append_jsonl", real_append)
     run_cell(tiny_chat, CELL, tmp_path, progress=False)
     assert records(tmp_path / ITEMS) == records(finished / ITEMS)
     assert records(tmp_path / CALLS) == records(finished / CALLS)
@@ -522,20 +524,20 @@ def run_args(out, *more):
 
 
 def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_path, monkeypatch, capsys):
-    real_append = runner.RunFiles.append
+    real_append = run_files.RunFiles.append
 
     def interrupt_at_third(self, item, calls):
         if item["index"] == 1 and item["condition"] == "dense":
             raise KeyboardInterrupt
         real_append(self, item, calls)
 
-    monkeypatch.setattr(runner.RunFiles, "append", interrupt_at_third)
+    monkeypatch.setattr(run_files.RunFiles, "append", interrupt_at_third)
     monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
     assert main(run_args(tmp_path / "r")) == 130
     err = capsys.readouterr().err.strip()  # the progress bar's lines, then one line
     assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
     assert "Traceback" not in err
-    assert len(runner.read_jsonl(tmp_path / "r" / ITEMS)) == 3
+    assert len(run_files.read_jsonl(tmp_path / "r" / ITEMS)) == 3
 
 
 GRID = """
@@ -586,16 +588,16 @@ def test_a_grid_out_that_is_a_file_or_a_ray_address_that_does_not_answer_is_one_
 
 
 def test_a_grid_cell_with_a_bad_record_is_named_before_any_work(finished, tmp_path, monkeypatch):
-    from bcr_core.experiments import grid
+    from bcr_core.runs import grid, grid_cells
 
     (tmp_path / "grid.toml").write_text(GRID)
-    cells = grid.read_grid(tmp_path / "grid.toml")
+    cells = grid_cells.read_grid(tmp_path / "grid.toml")
     assert cells[0].cell == CELL
     (tmp_path / "out").mkdir()
     copied(finished, tmp_path / "out").rename(tmp_path / "out" / "a")
     edit_lines(tmp_path / "out" / "a" / ITEMS, lambda ls: with_record(ls, 12, index="3"))
-    monkeypatch.setattr(grid, "backbone", lambda model: pytest.fail("work started"))
-    with pytest.raises(grid.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
+    monkeypatch.setattr(grid_cells, "backbone", lambda model: pytest.fail("work started"))
+    with pytest.raises(grid_cells.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
         grid.run_grid(cells, tmp_path / "out", progress=False)
 
 
@@ -697,7 +699,7 @@ def test_calls_past_the_models_context_or_the_free_memory_are_refused_before_any
     tiny_chat, tmp_path, capsys, monkeypatch, argv, free, message
 ):
     from bcr_core.engine import capacity
-    from bcr_core.experiments import latency
+    from bcr_core.probes import latency
 
     if free is not None:
         monkeypatch.setattr(capacity, "available_bytes", lambda device: free)

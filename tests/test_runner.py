@@ -4,10 +4,11 @@ import pandas as pd
 import pytest
 import torch
 
-from bcr_core.experiments import runner
-from bcr_core.experiments.runner import Cell, run_cell
-from bcr_core.experiments.stats import mcnemar_exact
-from bcr_core.experiments.summary import summarize
+from bcr_core.analysis.stats import mcnemar_exact
+from bcr_core.analysis.summary import summarize
+from bcr_core.runs import run_files, runner
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.runner import run_cell
 
 CELL = Cell(
     benchmark="synthetic",
@@ -28,7 +29,7 @@ def test_interrupted_run_resumes_to_the_same_records(tiny_chat, tmp_path, monkey
     whole = run_cell(tiny_chat, CELL, tmp_path / "whole", progress=False)
     assert len(whole) == 12 and set(whole["condition"]) == set(CELL.conditions)
 
-    real_append, appended = runner.RunFiles.append, []
+    real_append, appended = run_files.RunFiles.append, []
 
     def crash_after_five(self, item, calls):
         if len(appended) == 5:
@@ -36,15 +37,15 @@ def test_interrupted_run_resumes_to_the_same_records(tiny_chat, tmp_path, monkey
         appended.append(item)
         real_append(self, item, calls)
 
-    monkeypatch.setattr(runner.RunFiles, "append", crash_after_five)
+    monkeypatch.setattr(run_files.RunFiles, "append", crash_after_five)
     with pytest.raises(KeyboardInterrupt):
         run_cell(tiny_chat, CELL, tmp_path / "resumed", progress=False)
-    monkeypatch.setattr(runner.RunFiles, "append", real_append)
+    monkeypatch.setattr(run_files.RunFiles, "append", real_append)
     with open(tmp_path / "resumed" / "calls.jsonl", "a") as f:
         f.write('{"condition": "dense", "item_id": "torn')  # a write cut short by the crash
     resumed = run_cell(tiny_chat, CELL, tmp_path / "resumed", progress=False)
 
-    read = lambda name, d: strip(runner.read_jsonl(tmp_path / d / name))
+    read = lambda name, d: strip(run_files.read_jsonl(tmp_path / d / name))
     key = lambda r: (r["condition"], r["item_id"], r.get("node", ""))
     assert sorted(read("items.jsonl", "resumed"), key=key) == sorted(read("items.jsonl", "whole"), key=key)
     assert sorted(read("calls.jsonl", "resumed"), key=key) == sorted(read("calls.jsonl", "whole"), key=key)
@@ -120,7 +121,7 @@ def test_batched_runner_gives_the_tokens_of_batch_size_one(tiny_chat, tmp_path, 
     run_cell(tiny_chat, BATCHED, tmp_path / "one", progress=False)
     run_cell(tiny_chat, BATCHED, tmp_path / "many", progress=False, batch=batch)
     key = lambda r: (r["condition"], r["item_id"], r["node"])
-    calls = {d: sorted(strip(runner.read_jsonl(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
+    calls = {d: sorted(strip(run_files.read_jsonl(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
     assert len(calls["one"]) == 6 * 6 * 3
     assert calls["many"] == calls["one"]
     assert any(c["mode"] == "reuse" and c["rows_recomputed"] for c in calls["one"])  # repairs were batched too
@@ -150,7 +151,7 @@ def test_batched_runner_serves_a_stateful_condition_one_item_at_a_time(tiny_chat
 def test_shared_prefills_compute_each_prompt_once_and_never_change_it(tiny_chat):
     """Three servers on one prompt: each distinct prefill is computed once, every call gets the
     tokens of its own prefill, and decoding from the shared cache leaves it as computed."""
-    from bcr_core.experiments.latency import copy_templates
+    from bcr_core.probes.latency import copy_templates
     from bcr_core.reuse.anchors import KVCommConfig
     from bcr_core.reuse.prompts import QUESTION, build_prompt
     from bcr_core.reuse.segments import SharedPrefills

@@ -1,4 +1,4 @@
-"""Tests for bcr_core.experiments.stats against values computed independently of scipy where possible."""
+"""Tests for bcr_core.analysis.stats against values computed independently of scipy where possible."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.experiments.stats import (
+from bcr_core.analysis.stats import (
     discordant,
     line_residuals,
     mcnemar_exact,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bcr_core.experiments.unit_curve import (
+from bcr_core.probes.unit_curve import (
     UnitCurveConfig,
     attention_outputs,
     build_case,

@@ -1,5 +1,5 @@
 """What every selector of the arena gets, read from its call records, under the claims' protocol
-(`bcr_core.experiments.protocol`): the item is the unit, a coin's seeds are one control.
+(`bcr_core.analysis.protocol`): the item is the unit, a coin's seeds are one control.
 
 - `arena_frame`: one row per (call, selector, budget) of the records' `arena` fields.
 - `per_item`: a measure's per-item mean over the item's assembled calls, items x selectors; the
@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bcr_core.analysis import inference as inf
+from bcr_core.analysis.protocol import Verdict, decide, mean_claim
 from bcr_core.arena.copies import PAIRED
 from bcr_core.errors import UsageError
-from bcr_core.experiments import inference as inf
-from bcr_core.experiments.protocol import Verdict, decide, mean_claim
 
 COIN, DRAFT, ORACLE, OURS = "coin", "draft", "oracle", "ours"
 HELD_OUT = "second half of the items (pre-registered)"
@@ -193,7 +193,7 @@ def read_arena(folder) -> pd.DataFrame:
     """The arena frame of a run folder (`calls.jsonl`, or the compact `calls.jsonl.gz`)."""
     from pathlib import Path
 
-    from bcr_core.experiments.claims_grid import read_records
+    from bcr_core.analysis.claims_grid import read_records
 
     folder = Path(folder)
     if not (folder / "calls.jsonl").exists() and not (folder / "calls.jsonl.gz").exists():

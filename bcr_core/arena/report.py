@@ -12,8 +12,8 @@ import sys
 
 import pandas as pd
 
+from bcr_core.analysis.claims_report import p_text
 from bcr_core.arena import measures
-from bcr_core.experiments.claims_report import p_text
 
 
 def selector_markdown(frame: pd.DataFrame) -> str:

@@ -25,10 +25,12 @@ from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import make_server, parse
-from bcr_core.experiments.runner import Cell, Interrupted, RunFiles, SharedReference, item_record
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.conditions import make_server, parse
+from bcr_core.runs.run_files import RunFiles
+from bcr_core.runs.runner import Interrupted, SharedReference, item_record
 
 RHOS = (0.05, 0.1, 0.2, 0.4)
 

@@ -4,12 +4,12 @@ attention explorer (`explorer`). A notebook imports `from bcr_core import lab` a
 below; each lives in the module named beside it.
 """
 
+from bcr_core.analysis.summary import with_agreement
 from bcr_core.engine.loading import lazy_backbone
-from bcr_core.experiments.summary import with_agreement
 from bcr_core.lab.explorer import Exploration, Explorer, explore
 from bcr_core.lab.heatmap import SELECTED, attention_figure, field_rows, highlighted_rows, update_figure
 from bcr_core.lab.inspection import CallView, Inspection, answers_side_by_side, inspect_requests
-from bcr_core.lab.records import Grid, Runs, cached_frame, canonical, collect, condition, label, safe_name
+from bcr_core.lab.records import Comparison, Runs, cached_frame, canonical, collect, condition, label, safe_name
 from bcr_core.lab.tables import (
     agreement_table,
     block_table,
@@ -32,9 +32,9 @@ from bcr_core.lab.tables import (
 __all__ = [
     "SELECTED",
     "CallView",
+    "Comparison",
     "Exploration",
     "Explorer",
-    "Grid",
     "Inspection",
     "Runs",
     "agreement_table",

@@ -30,7 +30,6 @@ from bcr_core.agents.pipeline import Pipeline, RequestRecord
 from bcr_core.data import benchmarks
 from bcr_core.engine.backbone import Draft
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import make_server, parse
 from bcr_core.lab import microscope
 from bcr_core.lab.tables import preview
 from bcr_core.paths import written_whole
@@ -38,6 +37,7 @@ from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.repair.row_scores import row_scores
 from bcr_core.reuse.calls import CallRecord, Server, Trace
 from bcr_core.reuse.servers import DenseServer
+from bcr_core.runs.conditions import make_server, parse
 
 # the fewest requests an inspection is worth making of (notebook 09 and `bcr explore` refuse fewer)
 MIN_REQUESTS = 3

@@ -1,11 +1,11 @@
 """Run records on disk, as the notebooks read them.
 
-`collect` returns the per-item and per-call records of a set of conditions on one grid cell
-(benchmark, agent count, items, new tokens). A condition already run by `bcr run` (any folder
-under the results folder whose `cell.json` has the same settings and at least as many items) is
-read from there; anything missing is computed with `run_cell`, one condition per folder, so
-notebooks that share a condition (Dense, KVComm) compute it once and an interrupted notebook
-resumes where it stopped.
+`collect` returns the per-item and per-call records of a set of conditions on one `Comparison`
+(benchmark, agent count, items, new tokens: what the conditions share). A condition already run by
+`bcr run` (any folder under the results folder whose `cell.json` has the same settings and at least
+as many items) is read from there; anything missing is computed with `run_cell`, one condition per
+folder, so notebooks that share a condition (Dense, KVComm) compute it once and an interrupted
+notebook resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import pandas as pd
 
 from bcr_core.data import benchmarks
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import SPECS, parse
-from bcr_core.experiments.runner import Cell, read_jsonl, run_cell
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.conditions import SPECS, parse
+from bcr_core.runs.run_files import read_jsonl
+from bcr_core.runs.runner import run_cell
 
 
 @dataclass(frozen=True)
-class Grid:
+class Comparison:
     """The settings every condition of one comparison shares (a `bcr run` cell minus conditions)."""
 
     benchmark: str
@@ -110,9 +112,9 @@ def condition(name: str, value: float | None = None, **options) -> str:
 
 @dataclass
 class Runs:
-    """Per-item and per-call records of several conditions on one grid cell, items in order."""
+    """Per-item and per-call records of several conditions on one comparison, items in order."""
 
-    grid: Grid
+    comparison: Comparison
     conditions: list[str]
     items: pd.DataFrame
     calls: pd.DataFrame
@@ -147,9 +149,9 @@ def finished_records(folder: Path, condition: str, n: int) -> tuple[list[dict], 
 
 
 def collect(
-    grid: Grid, conditions, results_dir, backbone: Callable | object | None = None, progress: bool = True
+    comparison: Comparison, conditions, results_dir, backbone: Callable | object | None = None, progress: bool = True
 ) -> Runs:
-    """The records of every condition on `grid`: read from existing runs, computed when missing.
+    """The records of every condition on `comparison`: read from existing runs, computed when missing.
 
     `backbone` is a `Backbone` or a zero-argument function returning one; it is only loaded when
     something has to be computed.
@@ -161,31 +163,31 @@ def collect(
         found = None
         wanted = canonical(condition)
         for folder, settings in find_runs(results_dir):
-            if not grid.matches(settings):
+            if not comparison.matches(settings):
                 continue
             recorded = next((c for c in settings.get("conditions", []) if canonical(c) == wanted), None)
-            found = None if recorded is None else finished_records(folder, recorded, grid.n)
+            found = None if recorded is None else finished_records(folder, recorded, comparison.n)
             if found is not None:
                 relabel = {"condition": condition}  # the label this notebook asked for
                 found = ([r | relabel for r in found[0]], [c | relabel for c in found[1]])
                 sources[condition] = folder
                 break
         if found is None:
-            folder = results_dir / grid.slug / safe_name(condition)
+            folder = results_dir / comparison.slug / safe_name(condition)
             bb = backbone() if callable(backbone) else backbone
             if bb is None:
                 raise UsageError(
-                    f"no finished run of {condition} on {grid.slug} under {results_dir}, "
+                    f"no finished run of {condition} on {comparison.slug} under {results_dir}, "
                     "and no model to compute it with"
                 )
-            run_cell(bb, grid.cell([condition]), folder, progress=progress)
-            found = finished_records(folder, condition, grid.n)
+            run_cell(bb, comparison.cell([condition]), folder, progress=progress)
+            found = finished_records(folder, condition, comparison.n)
             sources[condition] = folder
         item_rows += found[0]
         call_rows += found[1]
     items = pd.DataFrame(item_rows)
     calls = pd.DataFrame(call_rows)
-    return Runs(grid, labels, items, calls, sources)
+    return Runs(comparison, labels, items, calls, sources)
 
 
 def cached_frame(path, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:

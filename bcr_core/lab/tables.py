@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from bcr_core.analysis.stats import SPLIT, line_residuals, paired_split, paired_table, reuse_accuracy_line, wilson_ci
+from bcr_core.analysis.summary import paired_only, with_agreement
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import SPECS, layout_config, parse
-from bcr_core.experiments.stats import SPLIT, line_residuals, paired_split, paired_table, reuse_accuracy_line, wilson_ci
-from bcr_core.experiments.summary import paired_only, with_agreement
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.prompts import tokenization_diff
+from bcr_core.runs.conditions import SPECS, layout_config, parse
 
 
 def condition_table(items: pd.DataFrame, reference: str, dense: str = "dense", value: str = "correct") -> pd.DataFrame:

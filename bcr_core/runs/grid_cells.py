@@ -1,17 +1,6 @@
-"""Grids: many `bcr run` cells named in one TOML file, run in this process or on Ray.
-
-A grid file has a `[defaults]` table (any `bcr run` setting) and one `[cells.NAME]` table per cell
-overriding it. Each cell runs into `DIR/NAME/` exactly as `bcr run --out DIR/NAME` would write it
-(same records, same resume, same summary.csv), so a cell can be inspected, resumed or rerun on its
-own. The executors only decide where cells run:
-
-- in this process, one cell after another (the default; nothing else to install or start);
-- on Ray, one task per cell (`--ray` starts a local instance for the run, `--ray ADDRESS` joins a
-  cluster). The task writes the records itself, to DIR (shared storage on a cluster), and the
-  driver only watches DIR, so it holds no results; a task that dies is reported, and the next
-  invocation reruns its cell, resuming its items.
-
-The whole file is checked before any work, and the combined table is built from DIR alone.
+"""A grid file's cells: reading and checking the file, running one cell into `DIR/NAME` as `bcr run`
+would, and what DIR holds (items done, a cell's lock, the combined table). Both executors of
+`bcr_core.runs.grid` (in this process, and on Ray in `bcr_core.runs.grid_ray`) read these.
 """
 
 from __future__ import annotations
@@ -19,20 +8,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import tomllib
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from bcr_core.analysis.summary import summarize
 from bcr_core.engine.models import CONFIG_PREFIX, DEFAULT_MODEL
 from bcr_core.errors import UsageError
-from bcr_core.experiments.runner import Cell, check_folder, make_cell, read_items, run_cell
-from bcr_core.experiments.summary import summarize
 from bcr_core.paths import utf8_text
-from bcr_core.settings import RUN, SettingError, check_setting, cli_label
+from bcr_core.runs.cell import Cell, make_cell
+from bcr_core.runs.run_files import check_folder, read_items
+from bcr_core.runs.runner import run_cell
+from bcr_core.runs.settings import RUN
+from bcr_core.settings import SettingError, check_setting, cli_label
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
 
@@ -41,7 +31,7 @@ class GridError(UsageError):
     """A grid file that cannot run; the message names the file and the key."""
 
 
-SETTINGS = RUN  # every `bcr run` setting a grid file may give, with `bcr run`'s defaults (bcr_core.settings)
+SETTINGS = RUN  # every `bcr run` setting a grid file may give, with `bcr run`'s defaults (bcr_core.runs.settings)
 
 
 @dataclass(frozen=True)
@@ -235,7 +225,7 @@ def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item
     return len(items)
 
 
-# ---------------------------------------------------------------- executors
+# ---------------------------------------------------------------- what is left to run
 
 
 def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
@@ -252,52 +242,9 @@ def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
     return todo
 
 
-def run_in_process(grid: list[GridCell], out: Path, progress: bool = True) -> list[str]:
-    """Every unfinished cell, one after another in this process (one bar per running cell and one
-    for the grid's items); returns the names of cells that failed, each reported on stderr."""
-    from tqdm.auto import tqdm
-
-    todo = check_folders(grid, out)
-    total = sum(g.items for g in grid)
-    overall = tqdm(total=total, initial=sum(items_done(g, out) for g in grid), desc="grid items", disable=not progress)
-    failed = []
-    for g in todo:
-        try:
-            run_grid_cell(g, str(out), progress=progress, on_item=lambda: overall.update(1))
-        except Exception as err:  # the cell cannot run (a usage error) or hit a bug: it fails, the rest run
-            print(f"bcr grid: cell {g.name} failed: {failure(err)}", file=sys.stderr, flush=True)
-            failed.append(g.name)
-    overall.close()
-    return failed
-
-
-def failure(err: BaseException) -> str:
-    """A failed cell's reason for its log: a usage error's one line, or a bug's whole traceback."""
-    if isinstance(err, UsageError):
-        return str(err)
-    trace = "".join(traceback.format_exception(err)).rstrip()
-    return f"internal error (a bug, not a setting to fix): {type(err).__name__}: {err}\n{trace}"
-
-
 def lock_holder(folder: Path) -> str | None:
     """The pid in a run folder's lock (its task is writing there), or None."""
     try:
         return (folder / ".lock").read_text().strip()
     except OSError:
         return None
-
-
-def run_grid(
-    grid: list[GridCell], out: Path, ray: str | None = None, progress: bool = True, quiet: bool = False
-) -> list[str]:
-    """Run every unfinished cell in this process (`ray` None) or on Ray (`ray` LOCAL or an address)."""
-    try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        reason = "it is a file" if Path(out).is_file() else err.strerror or err
-        raise GridError(f"--out {out} cannot hold a grid: {reason}; give a folder") from None
-    if ray is None:
-        return run_in_process(grid, out, progress=progress)
-    from bcr_core.experiments.grid_ray import run_on_ray  # imports this module: loaded when asked for
-
-    return run_on_ray(grid, out, ray, quiet=quiet)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from bcr_core.experiments import inference as inf
-from bcr_core.experiments.stats import mcnemar_exact
+from bcr_core.analysis import inference as inf
+from bcr_core.analysis.stats import mcnemar_exact
 
 ALPHA = inf.ALPHA
 MARGIN = 0.03  # equivalence margin of the null claims: 3 points of accuracy or agreement

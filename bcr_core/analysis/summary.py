@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bcr_core.analysis.stats import paired_table
 from bcr_core.errors import UsageError
-from bcr_core.experiments.conditions import parse
-from bcr_core.experiments.stats import paired_table
+from bcr_core.runs.conditions import parse
 
 
 def paired_only(items: pd.DataFrame) -> pd.DataFrame:

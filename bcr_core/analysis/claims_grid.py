@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bcr_core.analysis.claims import find, paired
+from bcr_core.analysis.inference import sign_flip
+from bcr_core.analysis.protocol import realised_rows
+from bcr_core.analysis.stats import paired_split, wilson_ci
+from bcr_core.analysis.summary import with_agreement
 from bcr_core.errors import UsageError
-from bcr_core.experiments.claims import find, paired
-from bcr_core.experiments.inference import sign_flip
-from bcr_core.experiments.protocol import realised_rows
-from bcr_core.experiments.runner import read_jsonl
-from bcr_core.experiments.stats import paired_split, wilson_ci
-from bcr_core.experiments.summary import with_agreement
+from bcr_core.runs.run_files import read_jsonl
 
 GATE = "gate"  # the gate sweep's run folder: its own Dense and KVComm, read apart from the main grid
 ID_LISTS = ("served_ids", "dense_ids", "merged_ids", "repaired_rows")
@@ -198,7 +198,7 @@ class ClaimsGrid:
         return ["dense", "kvcomm", *self.gate()]
 
     def cell(self, conditions: list[str], fidelity: bool, n: int | None = None):
-        from bcr_core.experiments.runner import Cell
+        from bcr_core.runs.cell import Cell
 
         return Cell(
             self.benchmark,
@@ -215,9 +215,9 @@ def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progr
     """Every run the verdicts read, on `bb`, into `out` (resumable like any `bcr run`): the main
     cell and the row-matched controls with fidelity, the gate sweep with its own line, the unit
     curve at budget-matched units (per-prompt records) and `bcr verify`."""
-    from bcr_core.experiments.runner import run_cell
-    from bcr_core.experiments.unit_curve import UnitCurveConfig, default_texts, unit_curve
-    from bcr_core.experiments.verify import verify
+    from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve
+    from bcr_core.probes.verify import verify
+    from bcr_core.runs.runner import run_cell
 
     out = Path(out)
     run_cell(bb, grid.cell(grid.main(), fidelity=True), out / "main", progress=progress, batch=batch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from bcr_core.engine.backbone import Backbone
-from bcr_core.experiments.verify import DEFAULT_PROMPT, cache_under_prefix
+from bcr_core.probes.verify import DEFAULT_PROMPT, cache_under_prefix
 from bcr_core.repair.row_scores import row_scores
 
 

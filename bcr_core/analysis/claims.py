@@ -1,7 +1,7 @@
 """The paper's claims as tests on run records, each ending in a verdict (notebook 10).
 
 Each claim names the conditions it compares and hands their per-item outcomes to the protocol of
-`bcr_core.experiments.protocol` (the item as the unit, coin seeds as one control, budgets matched
+`bcr_core.analysis.protocol` (the item as the unit, coin seeds as one control, budgets matched
 in rows, intervals, equivalence for null claims, Holm over the table). Nothing here tunes
 anything: the records are what they are.
 """
@@ -13,9 +13,8 @@ from dataclasses import asdict
 import numpy as np
 import pandas as pd
 
-from bcr_core.experiments import inference as inf
-from bcr_core.experiments.conditions import parse
-from bcr_core.experiments.protocol import (
+from bcr_core.analysis import inference as inf
+from bcr_core.analysis.protocol import (
     MARGIN,
     ROW_TOLERANCE,
     Verdict,
@@ -27,8 +26,9 @@ from bcr_core.experiments.protocol import (
     rows_differ,
     rows_text,
 )
-from bcr_core.experiments.stats import reuse_accuracy_line
-from bcr_core.experiments.summary import with_agreement
+from bcr_core.analysis.stats import reuse_accuracy_line
+from bcr_core.analysis.summary import with_agreement
+from bcr_core.runs.conditions import parse
 
 EXACT_TOLERANCE = 1e-4  # the largest repaired-vs-Dense cache difference full repair may leave (fp32)
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from bcr_core.errors import UsageError
-from bcr_core.experiments.grid import (
+from bcr_core.runs.grid_cells import (
     GridCell,
     GridError,
     check_folders,

@@ -1,6 +1,6 @@
 """The verdict table of a claims folder, as committed CSVs and as the README's Markdown.
 
-`python -m bcr_core.experiments.claims_report results/claims` recomputes every verdict from the
+`python -m bcr_core.analysis.claims_report results/claims` recomputes every verdict from the
 folder's records (on agreement with Dense, and again on accuracy), writes `verdicts.csv`,
 `verdicts_correct.csv` and `grid_table.csv` beside them, and prints the Markdown table and its
 list of tests that README shows. Given two or more folders (one per model), each is its own Holm
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bcr_core.experiments import claims, claims_grid
-from bcr_core.experiments.protocol import MARGIN, MEASURES
+from bcr_core.analysis import claims, claims_grid
+from bcr_core.analysis.protocol import MARGIN, MEASURES
 
 POINTS = {"agrees_dense", "correct", "gap share"}
 

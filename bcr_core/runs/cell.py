@@ -1,0 +1,95 @@
+"""One `bcr run` cell (benchmark x agent count, its items and new tokens) under several conditions:
+`Cell` and `make_cell`, which check every setting and condition before any folder is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bcr_core.runs.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
+from bcr_core.runs.settings import RUN, check_run
+from bcr_core.settings import SettingError, check_setting
+
+
+@dataclass(frozen=True)
+class Cell:
+    benchmark: str
+    n_agents: int
+    conditions: tuple[str, ...]
+    n: int
+    max_new_tokens: int = 512
+    pinned: str | None = None
+    model: str = "default"
+    reference: str | None = None  # condition the b/c splits are taken against (default: kvcomm or the first)
+    extra: dict = field(default_factory=dict)  # task options (e.g. the synthetic task's seed)
+    fidelity: bool = False  # also serve every call densely and record its in-situ fidelity (about 2x the work)
+
+    def __post_init__(self):
+        check_setting("n", self.n, RUN["n"].kind)
+        parsed = [parse(c) for c in self.conditions]
+        seen: dict[tuple, str] = {}
+        for c in parsed:
+            if c.settings in seen:
+                raise SettingError(
+                    "conditions",
+                    f"{seen[c.settings]} and {c.label} repeat one run (the same settings); list it once",
+                )
+            seen[c.settings] = c.label
+        for c in parsed:
+            check_value(c)
+        object.__setattr__(self, "conditions", tuple(c.label for c in parsed))
+        if self.reference is not None and parse(self.reference).settings not in seen:
+            raise SettingError(
+                "reference", f"{self.reference} is not among the conditions: {', '.join(self.conditions)}"
+            )
+
+
+def check_value(c: Condition) -> None:
+    """Refuse a condition value no server can take, naming it (before any folder is touched); the
+    error is about the `conditions` setting and reads `condition LABEL: why`."""
+    refuse = lambda why: SettingError("conditions", why, label=f"condition {c.label}")  # noqa: E731
+    if c.name == "cacheblend-reuse" and c.value is not None and not 0.0 <= c.value <= 1.0:
+        raise refuse(f"r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
+    if c.name in REPAIRS and c.value is not None and not 0.0 <= c.value <= 1.0:
+        raise refuse(f"rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
+    if "seed" in SPECS[c.name].options and c.option("seed") < 0:
+        raise refuse(f"option seed is a coin stream's seed, at least 0; got {c.option('seed')}")
+
+
+def make_cell(
+    benchmark: str,
+    agents: int,
+    conditions: list[str],
+    n: int,
+    max_new_tokens: int = 512,
+    pinned: str | None = None,
+    model: str = "default",
+    reference: str | None = None,
+    seeds: list[int] | None = None,
+    item_seed: int = 0,
+    fidelity: bool = False,
+) -> Cell:
+    """The cell `bcr run` runs for these settings (each cell of `bcr grid` too): coin conditions
+    without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`.
+    Every setting is checked first by the one validator (`runs.settings.check_run`): an error names its key."""
+    given = dict(benchmark=benchmark, agents=agents, conditions=conditions, n=n, max_new_tokens=max_new_tokens)
+    given |= dict(pinned=pinned, model=model, reference=reference, seeds=seeds, item_seed=item_seed, fidelity=fidelity)
+    checked = check_run(given)
+    conditions, seeds = checked["conditions"], checked["seeds"]
+    if seeds and not any(c.startswith("coin-") for c in conditions):
+        raise SettingError(
+            "seeds", "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
+        )
+    extra = {"seed": item_seed} if benchmark == "synthetic" else {}
+    return Cell(
+        benchmark,
+        agents,
+        tuple(expand_seeds(conditions, seeds)),
+        n,
+        max_new_tokens,
+        pinned,
+        model,
+        reference,
+        extra,
+        fidelity,
+    )

@@ -1,0 +1,67 @@
+"""Grids: many `bcr run` cells named in one TOML file, run in this process or on Ray.
+
+A grid file has a `[defaults]` table (any `bcr run` setting) and one `[cells.NAME]` table per cell
+overriding it. Each cell runs into `DIR/NAME/` exactly as `bcr run --out DIR/NAME` would write it
+(same records, same resume, same summary.csv), so a cell can be inspected, resumed or rerun on its
+own. The executors only decide where cells run:
+
+- in this process, one cell after another (the default; nothing else to install or start);
+- on Ray, one task per cell (`--ray` starts a local instance for the run, `--ray ADDRESS` joins a
+  cluster). The task writes the records itself, to DIR (shared storage on a cluster), and the
+  driver only watches DIR, so it holds no results; a task that dies is reported, and the next
+  invocation reruns its cell, resuming its items.
+
+The whole file is checked before any work, and the combined table is built from DIR alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+from bcr_core.errors import UsageError
+from bcr_core.runs.grid_cells import GridCell, GridError, check_folders, items_done, run_grid_cell
+
+
+def run_in_process(grid: list[GridCell], out: Path, progress: bool = True) -> list[str]:
+    """Every unfinished cell, one after another in this process (one bar per running cell and one
+    for the grid's items); returns the names of cells that failed, each reported on stderr."""
+    from tqdm.auto import tqdm
+
+    todo = check_folders(grid, out)
+    total = sum(g.items for g in grid)
+    overall = tqdm(total=total, initial=sum(items_done(g, out) for g in grid), desc="grid items", disable=not progress)
+    failed = []
+    for g in todo:
+        try:
+            run_grid_cell(g, str(out), progress=progress, on_item=lambda: overall.update(1))
+        except Exception as err:  # the cell cannot run (a usage error) or hit a bug: it fails, the rest run
+            print(f"bcr grid: cell {g.name} failed: {failure(err)}", file=sys.stderr, flush=True)
+            failed.append(g.name)
+    overall.close()
+    return failed
+
+
+def failure(err: BaseException) -> str:
+    """A failed cell's reason for its log: a usage error's one line, or a bug's whole traceback."""
+    if isinstance(err, UsageError):
+        return str(err)
+    trace = "".join(traceback.format_exception(err)).rstrip()
+    return f"internal error (a bug, not a setting to fix): {type(err).__name__}: {err}\n{trace}"
+
+
+def run_grid(
+    grid: list[GridCell], out: Path, ray: str | None = None, progress: bool = True, quiet: bool = False
+) -> list[str]:
+    """Run every unfinished cell in this process (`ray` None) or on Ray (`ray` LOCAL or an address)."""
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        reason = "it is a file" if Path(out).is_file() else err.strerror or err
+        raise GridError(f"--out {out} cannot hold a grid: {reason}; give a folder") from None
+    if ray is None:
+        return run_in_process(grid, out, progress=progress)
+    from bcr_core.runs.grid_ray import run_on_ray  # loaded when asked for; it reads grid_cells, not this module
+
+    return run_on_ray(grid, out, ray, quiet=quiet)

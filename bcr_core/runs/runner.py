@@ -1,0 +1,159 @@
+"""The experiment runner: one grid cell (benchmark x agent count) under several conditions.
+
+Every condition sees the same items in the same order. Items run one at a time under every
+condition in turn, so an interrupted run still holds paired results. Per-item and per-call records
+are appended to `items.jsonl` and `calls.jsonl` as each item finishes; a rerun with the same
+settings skips finished items, replaying their recorded calls into the stateful servers (KVComm's
+anchor pool, BCR's coin stream) so the rest of the run continues exactly as it would have.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from bcr_core.agents.pipeline import Pipeline
+from bcr_core.data import benchmarks
+from bcr_core.engine.memory import release_freed_memory
+from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
+from bcr_core.reuse.servers import DenseServer
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.conditions import make_server
+from bcr_core.runs.lanes import Unit, run_lanes
+from bcr_core.runs.run_files import RunFiles
+
+
+class Interrupted(KeyboardInterrupt):
+    """^C during a run: its message says how many item records this run wrote, and how to resume."""
+
+
+class SharedReference(DenseServer):
+    """The `--fidelity` reference: Dense on a call's prompt, served once per distinct prompt and
+    shared by every condition whose call has that prompt (agent 1's always does; later agents' do
+    whenever their predecessors answered alike). Dense is stateless, so sharing changes no number."""
+
+    def __init__(self, bb, keep: int = 96):
+        super().__init__(bb)
+        self.keep, self.served = keep, OrderedDict()
+
+    def steps(self, prompt, max_new_tokens):
+        key = (tuple(prompt.dense_ids), max_new_tokens)
+        if key not in self.served:
+            self.served[key] = yield from super().steps(prompt, max_new_tokens)
+            if len(self.served) > self.keep:
+                self.served.popitem(last=False)
+        self.served.move_to_end(key)
+        return self.served[key]
+
+
+def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> dict:
+    scored = benchmarks.score(cell.benchmark, request.final_text, item)
+    calls = request.calls
+    strictness = {key: bool(scored[key]) for key in ("correct_strict", "correct_lenient") if key in scored}
+    measured = [c.fidelity for c in calls if c.fidelity]
+    fidelity = (
+        {
+            "first_token_agree": sum(f["first_token_agree"] for f in measured) / len(measured),
+            "call_identical": sum(f["identical"] for f in measured) / len(measured),
+            "kl_mean": sum(f["kl"] for f in measured) / len(measured),
+        }
+        if measured
+        else {}
+    )
+    return fidelity | {
+        "condition": condition,
+        "item_id": request.item_id,
+        "index": index,
+        "correct": bool(scored["correct"]),
+        **strictness,
+        "answer": scored.get("answer"),
+        "final_text": request.final_text,
+        "reuse_rate": request.reuse_rate,
+        "rows_per_call": sum(c.rows_recomputed for c in calls) / len(calls),
+        "rows_wasted_per_call": sum(c.rows_wasted for c in calls) / len(calls),
+        "skipped_calls": sum(c.skipped for c in calls),
+        "ttft_s_mean": sum(c.ttft_s for c in calls) / len(calls),
+        "total_s": sum(c.total_s for c in calls),
+    }
+
+
+def run_cell(
+    bb,
+    cell: Cell,
+    out: Path,
+    progress: bool = True,
+    batch: int = 1,
+    label: str | None = None,
+    on_item: Callable[[], None] | None = None,
+) -> pd.DataFrame:
+    """Run (or resume) a cell; returns the tidy per-item table. `label` names its progress bar;
+    `on_item` is called after each item record is written (a grid's overall count).
+
+    `batch` > 1 serves up to that many requests at once with their decoding batched
+    (`lanes.run_lanes`): Dense's items in any order, each stateful condition's items one at a
+    time in order, so results equal batch size 1 up to float rounding in batched decoding. Dense
+    prefills of ids another condition already prefilled are shared (`SharedPrefills`). Call times
+    then include waiting for the batch and exclude shared prefills; measure latency at batch size 1
+    or with `bcr ttft`.
+    """
+    files, written = RunFiles(out, cell), []
+    try:
+        items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
+        pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
+        servers = {c: make_server(bb, c) for c in cell.conditions}
+        files.settle()
+        stateful = {c for c, server in servers.items() if not server.stateless}
+        done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
+        share_segment_caches(bb, servers.values())
+        reference = SharedReference(bb) if cell.fidelity else None
+        if batch > 1:  # at batch size 1 every call pays its own prefill, so its TTFT stays a latency
+            prefills = SharedPrefills(bb)
+            for server in [*servers.values(), *([reference] if reference else [])]:
+                server.prefills = prefills
+        units = []
+        for index, item in enumerate(items):
+            item_id = str(item["id"])
+            for condition, server in servers.items():
+                if (condition, item_id) in done:  # a stateful condition's finished items are a prefix
+                    for call in done_calls.get((condition, item_id), []):
+                        server.replay(call)
+                else:
+                    question = benchmarks.question_text(cell.benchmark, item)
+                    units.append(
+                        Unit((condition, index), partial(pipeline.steps, server, item_id, question, reference))
+                    )
+        bar = tqdm(
+            total=len(items) * len(servers),
+            initial=len(items) * len(servers) - len(units),
+            disable=not progress,
+            desc=label or f"{cell.benchmark} x{cell.n_agents}",
+        )
+
+        def may_start(unit: Unit, running: list[Unit]) -> bool:
+            condition = unit.key[0]
+            return servers[condition].stateless or all(r.key[0] != condition for r in running)
+
+        def finished(unit: Unit, request) -> None:
+            condition, index = unit.key
+            record = item_record(cell, condition, index, items[index], request)
+            files.append(
+                record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls]
+            )
+            written.append(unit.key)
+            bar.update(1)
+            release_freed_memory()  # a long run's resident memory stays near what it holds
+            if on_item is not None:
+                on_item()
+
+        with bar:  # closed on ^C too, so the message below starts its own line
+            run_lanes(bb, units, batch, may_start, finished)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
+    finally:
+        files.release()
+    return files.items_table()

@@ -1,0 +1,88 @@
+"""The settings of `bcr run` (`RUN`), which `bcr grid` and the notebooks' parameter cells read too,
+in the kinds of `bcr_core.settings`: a condition (`ConditionName`), a list of them (`Conditions`),
+and `check_run`, the checks of a whole `bcr run` command. They live here, beside the runner, because
+checking a condition means parsing it (`bcr_core.runs.conditions`), and the conditions' own options
+are checked by the kinds of `bcr_core.settings`: one direction, no circle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bcr_core.agents.graph import full_connected
+from bcr_core.data.benchmarks import NAMES
+from bcr_core.engine.models import DEFAULT_MODEL
+from bcr_core.runs.conditions import parse, split_conditions
+from bcr_core.settings import Bool, Int, Kind, ListOf, Optional, Setting, SettingError, Str, check_setting, cli_label
+
+
+@dataclass(frozen=True)
+class ConditionName(Str):
+    """A condition such as `kvcomm@0.5` or `bcr-chunk@0.2:chunk=16` (see `bcr_core.runs.conditions`)."""
+
+    def describe(self):
+        return "str (a condition, e.g. 'kvcomm' or 'bcr-chunk@0.2')"
+
+    def problem(self, value):
+        try:
+            parse(value)
+        except ValueError as err:
+            return str(err)
+        return None
+
+
+@dataclass(frozen=True)
+class Conditions(ListOf):
+    """A list of conditions, or one comma-separated string of them (as `bcr run --conditions`)."""
+
+    item: Kind = ConditionName()
+
+    def describe(self):
+        return "a list of conditions (or one comma-separated string), e.g. ['dense', 'kvcomm']"
+
+    def accepts(self, value):
+        return isinstance(value, str) or super().accepts(value)
+
+    def problem(self, value):
+        pieces = self.normalise(value)
+        return "it names no condition" if not pieces else super().problem(pieces)
+
+    def normalise(self, value):
+        specs = [value] if isinstance(value, str) else list(value)
+        return [piece for spec in specs for piece in split_conditions(spec)]
+
+
+SEED = Int(0)  # a coin stream's seed
+
+# Every `bcr run` setting (the grid file's keys, and the notebooks' parameters of the same name),
+# with `bcr run`'s defaults.
+RUN: dict[str, Setting] = {
+    "benchmark": Setting(Str(NAMES), required=True),
+    "agents": Setting(Int(2, 5), 3),
+    "conditions": Setting(Conditions(), required=True),
+    "n": Setting(Int(1), required=True),
+    "max_new_tokens": Setting(Int(1), 512),
+    "seeds": Setting(Optional(ListOf(SEED, min_len=0))),  # [] in a grid cell: no seeds, whatever the defaults say
+    "model": Setting(Str(), DEFAULT_MODEL),
+    "pinned": Setting(Optional(Str())),
+    "reference": Setting(Optional(ConditionName())),
+    "item_seed": Setting(Int(0), 0),
+    "batch": Setting(Int(1), 1),
+    "fidelity": Setting(Bool(), False),
+}
+
+
+def check_run(settings: dict, label=cli_label) -> dict:
+    """`bcr run`'s settings, each by the one validator (`label(key)` names it in the error), then
+    the checks that read two keys; each error carries the key it is about."""
+    unknown = [key for key in settings if key not in RUN]
+    if unknown:
+        raise SettingError(unknown[0], f"unknown setting; the settings: {', '.join(RUN)}", label(unknown[0]))
+    checked = {key: check_setting(key, value, RUN[key].kind, label(key)) for key, value in settings.items()}
+    full = {key: s.default for key, s in RUN.items()} | checked
+    if "benchmark" in full and full["benchmark"] is not None:
+        try:
+            full_connected(full["benchmark"], full["agents"], full["pinned"])
+        except SettingError as err:
+            raise err.relabel(label(err.key)) from None
+    return checked

@@ -1,0 +1,105 @@
+"""The package's layout: no import circle anywhere in `bcr_core`.
+
+Every module is parsed (not imported) and every `import bcr_core...` / `from bcr_core... import`
+it holds is an edge, those inside functions too: a lazy import only hides a circle until the call
+that closes it. `from PACKAGE import NAME` is an edge to the module PACKAGE.NAME where there is one,
+else to PACKAGE itself. A package's own `__init__` is not an edge from its modules (Python runs it
+first, whatever they import).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import bcr_core
+
+PACKAGE = Path(bcr_core.__file__).parent
+
+
+def module_files() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of bcr_core -> the modules of bcr_core it imports (anywhere in its file)."""
+    modules = module_files()
+
+    def known(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {known(a.name) for a in node.names if a.name.split(".")[0] == "bcr_core"}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package `level - 1` steps up
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                if base.split(".")[0] != "bcr_core":
+                    continue
+                edges |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else known(base) for a in node.names}
+        graph[name] = edges - {name, None}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_graph_sees_what_it_checks():
+    graph = import_graph()
+    assert "bcr_core.runs.grid_cells" in graph["bcr_core.runs.grid_ray"]  # a module-level import
+    assert "bcr_core.runs.grid_ray" in graph["bcr_core.runs.grid"]  # an import inside a function
+    assert "bcr_core.analysis.inference" in graph["bcr_core.analysis.protocol"]  # `from PACKAGE import MODULE`
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_anywhere_in_the_package():
+    assert cycles(import_graph()) == []
