@@ -302,9 +302,10 @@ def test_explorer_figure_holds_plain_lists_and_keeps_its_highlight_colour(tiny_c
     figure = lab.attention_figure(view, lab.explore(view, layout_name="single", rho=0.2, skip="off"), widget=True)
     for rho in (0.1, 0.3):
         lab.update_figure(figure, view, lab.explore(view, layout_name="single", rho=rho, skip="off"))
-        heat, bars, marks = figure.data
+        heat, bars, marks, error, deviation, field = figure.data
         assert marks.marker.color == lab.SELECTED and len(marks.x) == round(rho * view.rows)
-        assert not any(isinstance(v, np.ndarray) for v in (heat.z, heat.x, bars.y, bars.customdata, marks.x))
+        shown = (heat.z, heat.x, bars.y, bars.customdata, marks.x, error.z, deviation.z, field.x, field.y)
+        assert not any(isinstance(v, np.ndarray) for v in shown)
     assert figure.layout.autosize and figure.layout.width is None
 
 
