@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import ClassVar
 
 from bcr_core.errors import UsageError
 
@@ -64,7 +65,24 @@ class Bool(Kind):
 
 
 @dataclass(frozen=True)
-class Int(Kind):
+class Number(Kind):
+    """A kind whose values are one numeric type, `cast`: values normalise to it, text reads as it."""
+
+    cast: ClassVar[type] = float
+
+    def normalise(self, value):
+        return self.cast(value)
+
+    def from_text(self, raw):
+        try:
+            return self.cast(raw)
+        except ValueError:
+            return raw
+
+
+@dataclass(frozen=True)
+class Int(Number):
+    cast: ClassVar[type] = int
     low: int | None = None
     high: int | None = None
 
@@ -79,18 +97,10 @@ class Int(Kind):
             return f"{value} is outside{_range_text(self.low, self.high)}"
         return None
 
-    def normalise(self, value):
-        return int(value)
-
-    def from_text(self, raw):
-        try:
-            return int(raw)
-        except ValueError:
-            return raw
-
 
 @dataclass(frozen=True)
-class Float(Kind):
+class Float(Number):
+    cast: ClassVar[type] = float
     low: float | None = None
     high: float | None = None
     open_low: bool = False  # True: the low end itself is excluded
@@ -108,15 +118,6 @@ class Float(Kind):
         if below or (self.high is not None and value > self.high):
             return f"{value} is outside{_range_text(self.low, self.high, self.open_low)}"
         return None
-
-    def normalise(self, value):
-        return float(value)
-
-    def from_text(self, raw):
-        try:
-            return float(raw)
-        except ValueError:
-            return raw
 
 
 @dataclass(frozen=True)
