@@ -20,9 +20,9 @@ from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
 from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main
 from bcr_core.engine.kv import KV
+from bcr_core.records import read_calls, read_jsonl
 from bcr_core.repair.selectors import CacheBlendSelector
 from bcr_core.runs.cell import make_cell
-from bcr_core.runs.run_files import read_jsonl
 from bcr_core.runs.runner import run_cell
 from tests.conftest import random_ids, record_differences
 
@@ -206,7 +206,7 @@ def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat,
     plain = make_cell("synthetic", 2, [ARENA.conditions[0]], 3, 4, item_seed=34, fidelity=True)
     run_cell(tiny_chat, plain, tmp_path / "run", progress=False)
     arena = read_jsonl(arena_run / "calls.jsonl")
-    recorded = read_jsonl(tmp_path / "run" / "calls.jsonl")
+    recorded = read_calls(tmp_path / "run" / "calls.jsonl")
     assert len(arena) == len(recorded)
     compared = 0
     for mine, theirs in zip(arena, recorded):

@@ -6,11 +6,11 @@ import torch
 from conftest import FAMILIES, SLIDING_WINDOW, random_ids, tiny_family_config
 from transformers import GPT2Config
 
+from bcr_core.engine.architectures import ModelError, check_architecture
 from bcr_core.engine.backbone import Backbone, repair_mask
 from bcr_core.engine.batching import generate_batch
 from bcr_core.engine.kernels import key_extents
 from bcr_core.engine.kv import KV
-from bcr_core.engine.models import ModelError, check_architecture
 from bcr_core.engine.windows import layer_windows, mask_argument
 
 PREFIX_LEN = 9
@@ -291,7 +291,7 @@ def test_batched_generation_equals_one_at_a_time(tiny):
 
 
 def test_config_only_names_resolve_to_published_shapes_or_fail_clearly(tmp_path):
-    from bcr_core.engine.models import config_only
+    from bcr_core.engine.architectures import config_only
 
     llama = config_only("config:llama-3.1-8b")
     assert (llama.num_hidden_layers, llama.num_key_value_heads, llama.head_dim, llama.vocab_size) == (

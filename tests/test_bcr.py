@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
+from bcr_core.conditions import make_server, parse
 from bcr_core.repair.row_scores import row_scores
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
-from bcr_core.runs.conditions import make_server, parse
 from tests.helpers import QUESTIONS, run
 
 
@@ -194,7 +194,7 @@ def test_a_trace_is_kept_only_when_asked_and_reuses_the_selectors_draft(tiny_cha
     assert [untimed(c) for c in traced] == [untimed(c) for c in plain]  # tracing changes no record
     for call in reused:
         trace = call.trace
-        assert trace.assembled.length == len(call.merged_ids) - 1 and trace.rows == call.repaired_rows
+        assert trace.assembled.length == len(call.merged_ids) - 1
         k = round(0.3 * trace.assembled.length)  # single layout: the k best-scored rows, written out here
         best = sorted(range(len(trace.scores)), key=lambda j: (-float(trace.scores[j]), j))[:k]
         assert sorted(int(trace.candidates[j]) for j in best) == call.repaired_rows
@@ -206,7 +206,7 @@ def test_a_kvcomm_trace_drafts_once_on_the_unrepaired_cache(tiny_chat):
     server = KVCommServer(tiny_chat, KVCommConfig(gamma=1.0))
     server.trace = True
     call = next(c for r in run(tiny_chat, server, QUESTIONS[:4]) for c in r.calls if c.mode == "reuse")
-    assert call.trace.scores is None and call.trace.rows == [] and len(call.trace.draft.tokens) == 2
+    assert call.trace.scores is None and call.repaired_rows == [] and len(call.trace.draft.tokens) == 2
     alone = tiny_chat.draft(call.trace.assembled, call.merged_ids[-1])
     assert alone.tokens == call.trace.draft.tokens and torch.equal(alone.attention, call.trace.draft.attention)
 

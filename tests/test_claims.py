@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bcr_core import records as record_files
 from bcr_core.analysis import claims, claims_grid, claims_report, inference, protocol
 from bcr_core.paths import RESULTS
 from bcr_core.runs.cell import Cell
@@ -220,30 +221,37 @@ def test_a_grid_with_only_row_matched_controls_reads_its_claims_on_them():
     assert tokenization["verdict"] == "not measured" and "identical on 50% of calls" in tokenization["evidence"]
 
 
-def test_compact_results_drop_id_lists_and_load_back(tiny_chat, tmp_path):
+def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_chat, tmp_path):
     cell = Cell(
         "synthetic",
         2,
         ("dense", "kvcomm:gamma=1", "bcr-single:gamma=1,skip=off"),
-        3,
+        6,
         max_new_tokens=3,
         extra={"seed": 7},
     )
     run_cell(tiny_chat, cell, tmp_path / "run", progress=False)
-    assert claims_grid.export_compact(tmp_path / "run", tmp_path / "results" / "cell") == 9
+    assert record_files.export(tmp_path / "run", tmp_path / "results" / "cell") == 18
     with gzip.open(tmp_path / "results" / "cell" / "calls.jsonl.gz", "rt") as f:
         compact = [json.loads(line) for line in f]
     full = [json.loads(line) for line in (tmp_path / "run" / "calls.jsonl").read_text().splitlines()]
-    assert len(compact) == len(full) and not any(k in c for c in compact for k in claims_grid.ID_LISTS)
+    implied = {"mode", "rows_recomputed", "rows_wasted", "cached_rows", "ids_match", "served_ids"}
+    assert not any(k in c for c in full for k in implied)  # a run stores nothing its records imply
+    assert any(big["repaired_rows"] for big in full)
+    assert len(compact) == len(full)
     for small, big in zip(compact, full):
+        assert set(small) == set(big) - {"dense_ids", "merged_ids", "repaired_rows"} | implied - {"mode", "served_ids"}
         assert small["cached_rows"] == len(big["merged_ids"]) - 1
         assert small["ids_match"] == (big["dense_ids"] == big["merged_ids"])
         assert small["rows_recomputed"] == len(big["repaired_rows"])
+        prefix = big["segment_map"][0]["stop"]  # the agent's own prefix: the rows KVComm did not predict
+        assert small["rows_wasted"] == sum(row < prefix for row in big["repaired_rows"])
+    assert any(c["rows_wasted"] for c in compact) and any(c["rows_recomputed"] > c["rows_wasted"] for c in compact)
     items, calls = claims_grid.load_runs(tmp_path / "results")
-    assert len(items) == 9 and len(calls) == len(full) and set(items["run"]) == {"cell"}
+    assert len(items) == 18 and len(calls) == len(full) and set(items["run"]) == {"cell"}
     table = claims_grid.grid_table(items, calls, list(cell.conditions), reference="kvcomm:gamma=1")
     assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
-    claims_grid.export_compact(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
+    record_files.export(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
     with pytest.raises(ValueError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):
         claims_grid.load_runs(tmp_path / "results")
 
@@ -273,7 +281,8 @@ def test_the_committed_results_give_the_committed_verdicts():
 def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
     """The first five items of the committed grid (the fifth is the first served from an assembled
     cache), rerun by today's code: every call's tokens, route, gate decisions and repaired rows as
-    committed. A change that moves any of them is a change in behaviour, not in layout. The gate's
+    committed (the counts now derived from the run's own lists, `records.committed`). A change that
+    moves any of them is a change in behaviour, not in layout. The gate's
     floats (entropy, threshold, anchor weights) are compared within a tolerance, since their last bits
     differ between CPUs; modes, reasons, tokens, rows and every other int or string exactly."""
     from conftest import record_differences
@@ -284,13 +293,14 @@ def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
         "synthetic", committed["n_agents"], conditions, 5, committed["max_new_tokens"], extra=committed["extra"]
     )
     run_cell(real, cell, tmp_path, progress=False)
-    fresh = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    fresh = [record_files.committed(c) for c in record_files.read_records(tmp_path / "calls.jsonl")]
     with gzip.open(RESULTS / "claims" / "a" / "calls.jsonl.gz", "rt") as f:
         wanted = {
             (c["condition"], c["item_id"], c["node"]): c for c in map(json.loads, f) if c["condition"] in conditions
         }
-    keys = ("mode", "reason", "output_tokens", "rows_recomputed", "rows_wasted", "skipped", "decisions", "segment_map")
-    assert len(fresh) == 2 * 5 * 4 and any(c["mode"] == "reuse" and c["rows_recomputed"] for c in fresh)
+    keys = ("reason", "output_tokens", "rows_recomputed", "rows_wasted", "skipped", "decisions", "segment_map")
+    keys += ("cached_rows", "ids_match")
+    assert len(fresh) == 2 * 5 * 4 and any(c["reason"] == "reuse" and c["rows_recomputed"] for c in fresh)
     for call in fresh:
         old = wanted[(call["condition"], call["item_id"], call["node"])]
         where = (call["condition"], call["item_id"], call["node"])

@@ -12,10 +12,10 @@ from scipy import stats as scipy_stats
 from bcr_core import lab
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
 from bcr_core.analysis.summary import summarize
+from bcr_core.conditions import make_server, parse
 from bcr_core.repair.layouts import Chunk, LayoutConfig
 from bcr_core.reuse.calls import CallRecord
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.conditions import make_server, parse
 from bcr_core.runs.runner import item_record, run_cell
 from tests.helpers import QUESTIONS, run
 
@@ -157,9 +157,7 @@ def test_mmlu_items_keep_both_rules_and_correct_is_lenient(tiny_chat):
         node="final",
         role="r",
         condition="dense",
-        mode="dense",
         reason="dense",
-        served_ids=[1],
         dense_ids=[1],
         merged_ids=[1],
         output_tokens=[2],

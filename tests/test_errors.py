@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from bcr_core import cli
+from bcr_core import cli, commands
+from bcr_core.engine.architectures import ModelError
 from bcr_core.engine.assets import AssetError
-from bcr_core.engine.models import ModelError
 from bcr_core.errors import UsageError
 from bcr_core.lab.notebooks import NotebookError
 from bcr_core.lab.params import ParameterError
@@ -16,8 +16,8 @@ from bcr_core.runs.grid_cells import GridError
 
 
 def run_cli(body: str) -> subprocess.CompletedProcess:
-    """`bcr` in a fresh interpreter, after `body` (Python with `cli` imported) has set a fault up."""
-    code = f"import sys\nfrom bcr_core import cli\n{body}\nsys.exit(cli.main(sys.argv[1:]))"
+    """`bcr` in a fresh interpreter, after `body` (Python with `cli` and `commands` imported) has set a fault up."""
+    code = f"import sys\nfrom bcr_core import cli, commands\n{body}\nsys.exit(cli.main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, "verify"], capture_output=True, text=True, timeout=120)
 
 
@@ -25,7 +25,8 @@ def run_cli(body: str) -> subprocess.CompletedProcess:
 def test_an_internal_error_keeps_its_traceback_and_fails(error):
     """A plain ValueError is an internal invariant, not a user's mistake: it must not be reduced to a line."""
     done = run_cli(
-        f"def broken(model):\n    raise {error.__name__}('invariant broken deep inside')\ncli.load_backbone = broken"
+        f"def broken(model):\n    raise {error.__name__}('invariant broken deep inside')\n"
+        "commands.load_backbone = broken"
     )
     assert done.returncode not in (0, 2)
     assert "Traceback (most recent call last)" in done.stderr
@@ -36,7 +37,7 @@ def test_a_usage_error_is_one_line_and_exit_2():
     done = run_cli(
         "from bcr_core.errors import UsageError\n"
         "def refused(model):\n    raise UsageError('--model nowhere: no such folder')\n"
-        "cli.load_backbone = refused"
+        "commands.load_backbone = refused"
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["bcr verify: error: --model nowhere: no such folder"]
@@ -46,7 +47,7 @@ def test_a_bug_inside_a_command_is_raised_not_printed(monkeypatch, capsys):
     def broken(model):
         raise ValueError("internal")
 
-    monkeypatch.setattr(cli, "load_backbone", broken)
+    monkeypatch.setattr(commands, "load_backbone", broken)
     with pytest.raises(ValueError, match="internal"):
         cli.main(["verify"])
     assert "error" not in capsys.readouterr().err

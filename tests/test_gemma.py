@@ -14,8 +14,9 @@ from bcr_core.agents.graph import full_connected
 from bcr_core.cli import main
 from bcr_core.data import synthetic
 from bcr_core.engine.assets import GEMMA3_270M_GGUF, cache_dir
+from bcr_core.engine.chat import PLAIN_TEMPLATE, chat_template
 from bcr_core.probes.verify import MIN_TOKENS_COMPARED, verify
-from bcr_core.reuse.prompts import PLAIN_TEMPLATE, build_prompt, chat_template, tokenization_diff, tokenize
+from bcr_core.reuse.prompts import build_prompt, tokenization_diff, tokenize
 
 pytestmark = pytest.mark.real_model
 

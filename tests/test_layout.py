@@ -103,3 +103,40 @@ def test_the_graph_sees_what_it_checks():
 
 def test_no_import_circle_anywhere_in_the_package():
     assert cycles(import_graph()) == []
+
+
+def layout_table() -> list[tuple[str, list[str]]]:
+    """The README's Layout table as (package, modules) rows in order; a row with no package cell
+    continues the package above it, and `bcr_core/` is the top level."""
+    from bcr_core.paths import CHECKOUT
+
+    text = (CHECKOUT / "README.md").read_text().split("| package | module | concept |")[1].split("\n\n")[0]
+    rows, package = [], None
+    for line in text.strip().splitlines()[1:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        package = cells[0].strip("`").rstrip("/") or package
+        rows.append((package, [m.strip("` ") for m in cells[1].split(",")]))
+    return rows
+
+
+def test_every_module_imports_only_what_sits_above_it_in_the_readme_layout():
+    """The README's Layout table is the package's layering: each module's rank is its row's (a
+    package's modules share their package's first row), and every edge of the import graph (lazy
+    imports included) goes to a module ranked no lower, so no package-level circle can form."""
+    rank = {}
+    for row, (package, modules) in enumerate(layout_table()):
+        for module in modules:
+            prefix = "bcr_core" if package == "bcr_core" else f"bcr_core.{package}"
+            rank[f"{prefix}.{module.removesuffix('.py')}"] = row
+    first_row = {}
+    for dotted, row in rank.items():
+        package = dotted.rsplit(".", 1)[0]
+        if package != "bcr_core":
+            first_row[package] = min(first_row.get(package, row), row)
+    level = lambda m: first_row.get(m.rsplit(".", 1)[0], rank[m])  # noqa: E731
+    graph = import_graph()
+    modules = {m for m in graph if not module_files()[m].name == "__init__.py"}
+    assert sorted(modules - rank.keys()) == [], "modules the README's Layout table does not list"
+    assert sorted(rank.keys() - modules) == [], "the README lists modules that do not exist"
+    upward = [f"{m} -> {t}" for m in sorted(modules) for t in sorted(graph[m] & modules) if level(t) > level(m)]
+    assert upward == []

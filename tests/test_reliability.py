@@ -15,6 +15,7 @@ import pytest
 from bcr_core.cli import main
 from bcr_core.data import datasets
 from bcr_core.engine import models
+from bcr_core.engine.architectures import ModelError
 from bcr_core.engine.assets import AssetError
 from bcr_core.runs import run_files, runner
 from bcr_core.runs.cell import Cell
@@ -239,7 +240,7 @@ def test_mistaken_arguments_are_one_line_errors(argv, message, capsys, tmp_path,
 def test_several_options_of_one_condition_survive_the_command_line(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(runner, "run_cell", lambda bb, cell, out, **k: seen.setdefault("cell", cell) and pytest.skip())
-    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda args: None)
+    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda args: None)
     with pytest.raises(pytest.skip.Exception):
         main(
             [
@@ -295,16 +296,16 @@ def test_model_folders_without_weights_with_a_small_vocabulary_or_broken_weights
 
     bare = tmp_path / "bare"
     tiny_llama_config().save_pretrained(bare)
-    with pytest.raises(models.ModelError, match="has a config but no weights"):
+    with pytest.raises(ModelError, match="has a config but no weights"):
         models.load_pretrained(str(bare))
     small = tmp_path / "small"
     LlamaForCausalLM(tiny_llama_config(vocab_size=1000)).save_pretrained(small)
     tiny_chat.tokenizer.save_pretrained(small)
-    with pytest.raises(models.ModelError, match="tokenizer has 49152 tokens but the config's vocab_size is 1000"):
+    with pytest.raises(ModelError, match="tokenizer has 49152 tokens but the config's vocab_size is 1000"):
         models.load_pretrained(str(small))
     weights = small / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:200])  # truncated
-    with pytest.raises(models.ModelError, match="could not load model"):
+    with pytest.raises(ModelError, match="could not load model"):
         models.load_pretrained(str(small))
 
 
@@ -322,7 +323,7 @@ def committed_reuse_call() -> dict:
     from bcr_core.paths import RESULTS
 
     with gzip.open(RESULTS / "claims" / "a" / "calls.jsonl.gz", "rt") as f:
-        return next(c for c in map(json.loads, f) if c["mode"] == "reuse" and c["decisions"])
+        return next(c for c in map(json.loads, f) if c["reason"] == "reuse" and c["decisions"])
 
 
 def nudged(value, by: float):
@@ -343,8 +344,8 @@ def test_records_from_another_cpu_compare_floats_with_a_tolerance_and_the_rest_e
     token = call["output_tokens"][0]
     other = nudged(call, 1e-7) | {"output_tokens": [token + 1, *call["output_tokens"][1:]]}
     assert record_differences(other, call) == [f".output_tokens[0]: {token + 1} != {token}"]
-    other = nudged(call, 1e-7) | {"rows_recomputed": call["rows_recomputed"] + 1, "mode": "dense"}
-    assert [d.split(":")[0] for d in record_differences(other, call)] == [".mode", ".rows_recomputed"]
+    other = nudged(call, 1e-7) | {"rows_recomputed": call["rows_recomputed"] + 1, "reason": "entropy"}
+    assert [d.split(":")[0] for d in record_differences(other, call)] == [".reason", ".rows_recomputed"]
     other = json.loads(json.dumps(call))
     other["decisions"][0]["anchors"] = [float(a) for a in other["decisions"][0]["anchors"]]
     assert record_differences(other, call) == [
@@ -391,7 +392,7 @@ ITEMS, CALLS = "items.jsonl", "calls.jsonl"
         ({CALLS: lambda ls: with_record(ls, 7, **FOREIGN)}, r"calls.jsonl, line 7: condition 'bcr-chunk' is not"),
         ({ITEMS: lambda ls: with_record(ls, 2, index="1")}, r"items.jsonl, line 2: index is '1', expected int"),
         ({ITEMS: lambda ls: with_record(ls, 2, item_id=None)}, r"line 2: not an item record: it has no 'item_id'"),
-        ({CALLS: lambda ls: with_record(ls, 2, rows_recomputed="0")}, r"line 2: rows_recomputed is '0', expected"),
+        ({CALLS: lambda ls: with_record(ls, 2, repaired_rows=0)}, r"line 2: repaired_rows is 0, expected list"),
         ({ITEMS: lambda ls: with_record(ls, 4, index=None)}, r"items.jsonl, line 4: not an item record: it has no"),
         ({ITEMS: lambda ls: with_record(ls, 3, index=3)}, r"item '\S+' at index 3 is not one of this cell's items"),
         ({ITEMS: lambda ls: ls[:1] + ls[2:]}, r"calls.jsonl, line 4: a call of .* has no item line, yet calls of"),
@@ -532,7 +533,7 @@ def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_pa
         real_append(self, item, calls)
 
     monkeypatch.setattr(run_files.RunFiles, "append", interrupt_at_third)
-    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda model: tiny_chat)
     assert main(run_args(tmp_path / "r")) == 130
     err = capsys.readouterr().err.strip()  # the progress bar's lines, then one line
     assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
@@ -633,12 +634,12 @@ def test_a_config_whose_attention_shapes_cannot_work_is_refused_before_loading(t
     settings = {k: v for k, v in (tiny_llama_config().to_dict() | shape).items() if v is not None}
     (tmp_path / "config.json").write_text(json.dumps(settings))
     (tmp_path / "model.safetensors").write_bytes(b"never read")
-    with pytest.raises(models.ModelError, match=rf"{tmp_path}/config.json: {message}"):
+    with pytest.raises(ModelError, match=rf"{tmp_path}/config.json: {message}"):
         models.load_pretrained(str(tmp_path))
-    with pytest.raises(models.ModelError, match=message):
+    with pytest.raises(ModelError, match=message):
         Backbone.load(f"config:{tmp_path}")
     if "head_dim" not in shape:  # a config built in Python (transformers itself refuses the other)
-        with pytest.raises(models.ModelError, match=rf"the llama config: {message}"):
+        with pytest.raises(ModelError, match=rf"the llama config: {message}"):
             Backbone.from_config(tiny_llama_config(**shape))
 
 
@@ -662,7 +663,7 @@ def test_missing_or_truncated_data_names_the_file(tmp_path, monkeypatch, capsys,
     monkeypatch.setattr(datasets, "_package_data_dir", lambda: tmp_path)
     with pytest.raises(AssetError, match=message):
         getattr(datasets, load)()
-    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: None)
+    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda model: None)
     benchmark = {"load_gsm8k": "gsm8k", "load_mmlu": "mmlu", "load_humaneval": "humaneval"}[load]
     argv = ["run", "--benchmark", benchmark, "--agents", "2", "--conditions", "dense", "--n", "1"]
     assert main([*argv, "--out", str(tmp_path / "run")]) == 2
@@ -703,7 +704,7 @@ def test_calls_past_the_models_context_or_the_free_memory_are_refused_before_any
 
     if free is not None:
         monkeypatch.setattr(capacity, "available_bytes", lambda device: free)
-    monkeypatch.setattr("bcr_core.cli.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda model: tiny_chat)
     monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
     monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
     assert main([*argv, *(["--out", str(tmp_path / "r")] if argv[0] == "run" else [])]) == 2

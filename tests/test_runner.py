@@ -124,7 +124,7 @@ def test_batched_runner_gives_the_tokens_of_batch_size_one(tiny_chat, tmp_path, 
     calls = {d: sorted(strip(run_files.read_jsonl(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
     assert len(calls["one"]) == 6 * 6 * 3
     assert calls["many"] == calls["one"]
-    assert any(c["mode"] == "reuse" and c["rows_recomputed"] for c in calls["one"])  # repairs were batched too
+    assert any(c["reason"] == "reuse" and c["repaired_rows"] for c in calls["one"])  # repairs were batched too
 
 
 def test_batched_runner_serves_a_stateful_condition_one_item_at_a_time(tiny_chat, tmp_path, monkeypatch):

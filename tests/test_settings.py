@@ -4,8 +4,8 @@ cells: the same bad value is refused with the same words on each, under that sur
 import pytest
 
 from bcr_core import cli
+from bcr_core.conditions import parse
 from bcr_core.lab import params
-from bcr_core.runs.conditions import parse
 from bcr_core.runs.settings import check_run
 from bcr_core.settings import SettingError
 
@@ -89,7 +89,7 @@ def test_condition_options_use_the_same_validator():
 def test_every_option_of_every_condition_reads_its_own_default_back():
     """Written out as `name:key=default`, each option parses to its default (opengate's gamma was
     declared with `float` for its kind, and reading it crashed instead of parsing)."""
-    from bcr_core.runs.conditions import SPECS
+    from bcr_core.conditions import SPECS
 
     for name, spec in SPECS.items():
         for key, option in spec.options.items():
@@ -98,8 +98,8 @@ def test_every_option_of_every_condition_reads_its_own_default_back():
 
 
 def test_every_condition_is_one_spec_and_the_readme_lists_each():
+    from bcr_core.conditions import SPECS
     from bcr_core.paths import CHECKOUT
-    from bcr_core.runs.conditions import SPECS
 
     table = (CHECKOUT / "README.md").read_text().split("| condition | what it is |")[1].split("\n\n")[0]
     for name, spec in SPECS.items():

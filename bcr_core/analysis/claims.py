@@ -28,7 +28,7 @@ from bcr_core.analysis.protocol import (
 )
 from bcr_core.analysis.stats import reuse_accuracy_line
 from bcr_core.analysis.summary import with_agreement
-from bcr_core.runs.conditions import parse
+from bcr_core.conditions import parse
 
 EXACT_TOLERANCE = 1e-4  # the largest repaired-vs-Dense cache difference full repair may leave (fp32)
 
@@ -170,8 +170,8 @@ def tokenization_claim(items, calls, dense, matched, kvcomm, measure) -> Verdict
     Dense must equal Dense, so the whole gap there is the approximation's. One test: TOST on those
     items of Dense vs token-matched Dense within ±MARGIN (Newcombe intervals)."""
     own = calls[calls["condition"] == matched]
-    match = own["ids_match"] if "ids_match" in own else own["dense_ids"] == own["merged_ids"]
-    clean = set(own.assign(match=match.to_numpy()).groupby("item_id")["match"].all().loc[lambda s: s].index)
+    match = own["ids_match"]
+    clean = set(own.groupby("item_id")["ids_match"].all().loc[lambda s: s].index)
     table = paired(items, measure, dense, matched).astype(bool)
     table = table[table.index.isin(clean)]
     n = len(table)

@@ -1,11 +1,10 @@
-"""The headline grid of the claims (issue 10): reading its runs (full or compact records, `.jsonl`
-or `.jsonl.gz`; conditions from several folders on the same items pair by item id), the compact
-records committed under `results/claims/`, its table, and running all of it afresh on any model.
+"""The headline grid of the claims (issue 10): the conditions it names (`ClaimsGrid`), reading its
+runs (a run's records or the committed ones, `.jsonl` or `.jsonl.gz`; conditions from several
+folders on the same items pair by item id) and its table. `runs.claims_run` runs it afresh.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,24 +18,12 @@ from bcr_core.analysis.protocol import realised_rows
 from bcr_core.analysis.stats import paired_split, wilson_ci
 from bcr_core.analysis.summary import with_agreement
 from bcr_core.errors import UsageError
-from bcr_core.runs.run_files import read_jsonl
+from bcr_core.records import read_calls, read_records
 
 GATE = "gate"  # the gate sweep's run folder: its own Dense and KVComm, read apart from the main grid
-ID_LISTS = ("served_ids", "dense_ids", "merged_ids", "repaired_rows")
 
 
 # ------------------------------------------------------------------------------- records
-def read_records(path: Path) -> list[dict]:
-    """A JSONL file, or its `.gz` twin when only that exists."""
-    path = Path(path)
-    if not path.exists() and path.with_name(path.name + ".gz").exists():
-        path = path.with_name(path.name + ".gz")
-    if path.suffix != ".gz":
-        return read_jsonl(path)  # a run still being written may end in a torn line
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Items and calls of every run folder (one holding `cell.json`) under `folder`, but those named
     in `skip`. Each comparison pairs its own conditions by item id (`paired`), so folders may hold
@@ -47,7 +34,7 @@ def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.Data
         if run in skip:
             continue
         items += [r | {"run": run} for r in read_records(settings.parent / "items.jsonl")]
-        calls += [c for c in read_records(settings.parent / "calls.jsonl")]
+        calls += read_calls(settings.parent / "calls.jsonl")
     if not items:
         raise UsageError(f"no run records under {folder}")
     items = pd.DataFrame(items)
@@ -60,27 +47,6 @@ def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.Data
             "point it at one grid's runs"
         )
     return items, pd.DataFrame(calls)
-
-
-def compact_call(call: dict) -> dict:
-    """A call record without its id lists (the compact form committed under results/): what the
-    tables need stays (cached rows, whether the two tokenizations matched, rows repaired)."""
-    out = {k: v for k, v in call.items() if k not in ID_LISTS}
-    out["cached_rows"] = len(call["merged_ids"]) - 1
-    out["ids_match"] = call["dense_ids"] == call["merged_ids"]
-    return out
-
-
-def export_compact(run: Path, target: Path) -> int:
-    """Write a run folder's records in compact form (gzip) beside its settings; returns items written."""
-    target.mkdir(parents=True, exist_ok=True)
-    items = read_records(run / "items.jsonl")
-    calls = read_records(run / "calls.jsonl")
-    (target / "cell.json").write_text((run / "cell.json").read_text())
-    for name, rows in (("items.jsonl.gz", items), ("calls.jsonl.gz", [compact_call(c) for c in calls])):
-        with gzip.open(target / name, "wt", compresslevel=9) as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    return len(items)
 
 
 # ------------------------------------------------------------------------------- the grid's table
@@ -197,44 +163,9 @@ class ClaimsGrid:
         """The gate sweep with its own line: Dense and KVComm at the default gate on the same items."""
         return ["dense", "kvcomm", *self.gate()]
 
-    def cell(self, conditions: list[str], fidelity: bool, n: int | None = None):
-        from bcr_core.runs.cell import Cell
-
-        return Cell(
-            self.benchmark,
-            self.agents,
-            tuple(conditions),
-            self.n if n is None else n,
-            self.max_new_tokens,
-            extra={"seed": self.item_seed} if self.benchmark == "synthetic" else {},
-            fidelity=fidelity,
-        )
-
-
-def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progress: bool = True) -> Path:
-    """Every run the verdicts read, on `bb`, into `out` (resumable like any `bcr run`): the main
-    cell and the row-matched controls with fidelity, the gate sweep with its own line, the unit
-    curve at budget-matched units (per-prompt records) and `bcr verify`."""
-    from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve
-    from bcr_core.probes.verify import verify
-    from bcr_core.runs.runner import run_cell
-
-    out = Path(out)
-    run_cell(bb, grid.cell(grid.main(), fidelity=True), out / "main", progress=progress, batch=batch)
-    run_cell(bb, grid.cell(grid.matched(), fidelity=True), out / "matched", progress=progress, batch=batch)
-    gate = grid.cell(grid.gate_run(), fidelity=False, n=min(grid.gate_n, grid.n))
-    run_cell(bb, gate, out / GATE, progress=progress, batch=batch)
-    curve_path = out / "unit_curve.csv"
-    if not curve_path.exists():
-        config = unit_config or UnitCurveConfig(segment_tokens=grid.segment_tokens, units=(1, 16, 64, 256))
-        texts = default_texts(grid.unit_prompts)
-        unit_curve(bb, texts, config, progress=progress).to_csv(curve_path, index=False)
-    (out / "verify.json").write_text(json.dumps(verify(bb).to_dict(), indent=2))
-    return out
-
 
 def load_claims(folder) -> dict:
-    """Everything the verdicts read from a folder `run_fresh` (or the committed results) wrote."""
+    """Everything the verdicts read from a folder `runs.claims_run.run_fresh` (or the committed results) wrote."""
     folder = Path(folder)
     items, calls = load_runs(folder, skip=(GATE,))
     curve = folder / "unit_curve.csv"

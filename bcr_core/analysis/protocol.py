@@ -125,7 +125,7 @@ def realised_rows(calls: pd.DataFrame, condition: str, item_ids) -> tuple[float,
     if own.empty or "rows_recomputed" not in own:
         return 0.0, 0.0
     repaired = own[own["rows_recomputed"] > 0]
-    cached = repaired["cached_rows"] if "cached_rows" in repaired else repaired["merged_ids"].map(len) - 1
+    cached = repaired["cached_rows"]
     share = float((repaired["rows_recomputed"] / cached).mean()) if len(repaired) else 0.0
     return float(own["rows_recomputed"].mean()), share
 

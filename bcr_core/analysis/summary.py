@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from bcr_core.analysis.stats import paired_table
+from bcr_core.conditions import parse
 from bcr_core.errors import UsageError
-from bcr_core.runs.conditions import parse
 
 
 def paired_only(items: pd.DataFrame) -> pd.DataFrame:

@@ -190,12 +190,12 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
 
 
 def read_arena(folder) -> pd.DataFrame:
-    """The arena frame of a run folder (`calls.jsonl`, or the compact `calls.jsonl.gz`)."""
+    """The arena frame of a run folder (`calls.jsonl`, or the committed `calls.jsonl.gz`)."""
     from pathlib import Path
 
-    from bcr_core.analysis.claims_grid import read_records
+    from bcr_core.records import read_calls
 
     folder = Path(folder)
     if not (folder / "calls.jsonl").exists() and not (folder / "calls.jsonl.gz").exists():
         raise UsageError(f"no arena records under {folder}: run `bcr arena --n N --out {folder}`, or set fresh = True")
-    return arena_frame(read_records(folder / "calls.jsonl"))
+    return arena_frame(read_calls(folder / "calls.jsonl"))

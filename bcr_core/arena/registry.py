@@ -21,11 +21,11 @@ import torch
 from bcr_core import paper
 from bcr_core.arena import selectors as arena_selectors
 from bcr_core.arena.context import CallContext
+from bcr_core.conditions import Option, split_conditions
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import RANKS
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking
 from bcr_core.reuse.segments import predicted_rows
-from bcr_core.runs.conditions import Option, split_conditions
 from bcr_core.settings import Int, Str
 
 RANK = {"rank": Option(Str(RANKS), "all", "all: every cached row; predicted: only rows KVComm predicted")}

@@ -22,13 +22,13 @@ from bcr_core import paper
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
+from bcr_core.conditions import make_server, parse
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.conditions import make_server, parse
 from bcr_core.runs.run_files import RunFiles
 from bcr_core.runs.runner import Interrupted, SharedReference, item_record
 
@@ -106,11 +106,11 @@ def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell,
     chunk = parse(cell.conditions[0]).option("chunk")
     out = []
     for number, call in enumerate(request.calls):
-        record = call.to_dict() | {"condition": cell.conditions[0], "item_id": request.item_id}
+        record = call.to_dict() | {"item_id": request.item_id}
         if call.trace is not None:
             dense = DenseReference(bb, reference.record(call.dense_ids, cell.max_new_tokens), cell.max_new_tokens)
             arena = ArenaCall(
-                call.trace.assembled, call.merged_ids, call.segment_map, len(call.trace.rows), (index, number)
+                call.trace.assembled, call.merged_ids, call.segment_map, len(call.repaired_rows), (index, number)
             )
             record["arena"] = run_call(bb, arena, dense, entries, cell.rhos, chunk) | {
                 "item_index": index,

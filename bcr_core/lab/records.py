@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from bcr_core.conditions import SPECS, parse
 from bcr_core.data import benchmarks
 from bcr_core.errors import UsageError
+from bcr_core.records import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.conditions import SPECS, parse
-from bcr_core.runs.run_files import read_jsonl
 from bcr_core.runs.runner import run_cell
 
 
@@ -144,7 +144,7 @@ def finished_records(folder: Path, condition: str, n: int) -> tuple[list[dict], 
     if sorted(r["index"] for r in items) != list(range(n)):
         return None
     ids = {r["item_id"] for r in items}
-    calls = [c for c in read_jsonl(folder / "calls.jsonl") if c.get("condition") == condition and c["item_id"] in ids]
+    calls = [c for c in read_calls(folder / "calls.jsonl") if c["condition"] == condition and c["item_id"] in ids]
     return sorted(items, key=lambda r: r["index"]), calls
 
 

@@ -13,10 +13,10 @@ from scipy import stats as scipy_stats
 
 from bcr_core.analysis.stats import SPLIT, line_residuals, paired_split, paired_table, reuse_accuracy_line, wilson_ci
 from bcr_core.analysis.summary import paired_only, with_agreement
+from bcr_core.conditions import SPECS, layout_config, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.prompts import tokenization_diff
-from bcr_core.runs.conditions import SPECS, layout_config, parse
 
 
 def condition_table(items: pd.DataFrame, reference: str, dense: str = "dense", value: str = "correct") -> pd.DataFrame:
@@ -171,7 +171,7 @@ def budget_check(calls: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for call in calls.itertuples(index=False):
         spent = condition_budget(call.condition)
-        m = len(call.merged_ids) - 1
+        m = call.cached_rows
         if spent is None or call.mode != "reuse":
             low, high, name, rho = 0, 0, spent[0] if spent else "-", spent[1] if spent else 0.0
         else:
@@ -220,9 +220,9 @@ def rows_per_call(calls: pd.DataFrame) -> pd.DataFrame:
                 "rows_per_call": float(group["rows_recomputed"].mean()),
                 "rows_per_repaired_call": float(repaired["rows_recomputed"].mean()) if len(repaired) else 0.0,
                 "mean_span": float(np.mean([n for r in repaired["repaired_rows"] for n in spans(r)]))
-                if len(repaired)
-                else float("nan"),
-                "cached_rows_per_call": float(group["merged_ids"].map(len).mean() - 1),
+                if len(repaired) and "repaired_rows" in repaired
+                else float("nan"),  # committed records keep the count, not the rows
+                "cached_rows_per_call": float(group["cached_rows"].mean()),
             }
         )
     return pd.DataFrame(rows)
@@ -295,14 +295,15 @@ def tokenization_calls(calls: pd.DataFrame) -> pd.DataFrame:
                 "merged_tokens": len(merged),
                 "identical": dense == merged,
                 "first_difference": first,
-                "served_path": "both (identical)"
-                if dense == merged
-                else "merged"
-                if list(call.served_ids) == merged
-                else "dense",
+                "served_path": "both (identical)" if dense == merged else served_path(call.condition),
             }
         )
     return pd.DataFrame(rows)
+
+
+def served_path(condition: str) -> str:
+    """Which tokenization a condition serves: Dense the chat template's ids, every other the reuse path's."""
+    return "dense" if parse(condition).name == "dense" else "merged"
 
 
 def token_alignment(tokenizer, dense_ids: list[int], merged_ids: list[int], context: int = 3) -> pd.DataFrame:

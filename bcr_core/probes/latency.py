@@ -24,13 +24,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from bcr_core.conditions import make_server
 from bcr_core.data.roles import COPY
 from bcr_core.engine.capacity import check_rows_fit
 from bcr_core.errors import UsageError
 from bcr_core.probes.bound import Shape, call_passes, measure_rates
 from bcr_core.reuse.prompts import QUESTION, Template, build_prompt
 from bcr_core.reuse.segments import share_segment_caches
-from bcr_core.runs.conditions import make_server
 
 N_AGENTS = 5
 WARM_UP_REQUESTS = 3  # two fill the anchor pools, one more warms every timed path

@@ -70,17 +70,15 @@ class BCRServer(KVCommServer):
         return torch.tensor(predicted_rows(spans, m), dtype=torch.long)
 
     def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
-        served = Served(kv, [], 0.0, 0.0, skipped=self.skips(kv.length))
-        if not served.skipped:  # Algorithm 1, line 1: no draft, no coin, if skipped
-            served.candidates = self.candidates(kv.length, spans)
-            ranking = self.selector.rank(self.bb, kv, ids[:-1], ids[-1], served.candidates)
-            served.scores, served.draft = ranking.scores, ranking.draft
-            served.repaired_rows = served.candidates[self.chosen(ranking.scores, kv, ids, served.candidates)].tolist()
-        if served.repaired_rows:
-            served.kv = self.bb.repair(kv, ids[:-1], served.repaired_rows)
-        generation, served.ttft, served.total = yield from decode_call(served.kv, ids[-1], max_new_tokens, started)
-        served.tokens = generation.tokens
-        return served
+        skipped, candidates, ranking, rows = self.skips(kv.length), None, None, []
+        if not skipped:  # Algorithm 1, line 1: no draft, no coin, if skipped
+            candidates = self.candidates(kv.length, spans)
+            ranking = self.selector.rank(self.bb, kv, ids[:-1], ids[-1], candidates)
+            rows = candidates[self.chosen(ranking.scores, kv, ids, candidates)].tolist()
+        repaired = self.bb.repair(kv, ids[:-1], rows) if rows else kv
+        generation, ttft, total = yield from decode_call(repaired, ids[-1], max_new_tokens, started)
+        scores, draft = (ranking.scores, ranking.draft) if ranking is not None else (None, None)
+        return Served(repaired, generation.tokens, ttft, total, rows, skipped, candidates, scores, draft)
 
     def skips(self, m: int) -> bool:
         """Algorithm 1's skip rule; a row-matched control skips wherever its paired rule does too."""
@@ -94,5 +92,5 @@ class BCRServer(KVCommServer):
 
     def replay(self, call: dict) -> None:
         super().replay(call)
-        if call["rows_recomputed"]:  # the selector ranked this call's candidates
+        if call["repaired_rows"]:  # the selector ranked this call's candidates
             self.selector.replay(len(self.candidates(len(call["merged_ids"]) - 1, call["segment_map"])))

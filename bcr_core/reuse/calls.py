@@ -13,52 +13,75 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator
 from dataclasses import asdict, dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
 from bcr_core.engine.backbone import Backbone, Draft, Generation
 from bcr_core.engine.kv import KV
+from bcr_core.reuse.anchors import REUSE
+from bcr_core.reuse.segments import predicted_rows
+
+
+class Cached(NamedTuple):
+    """A served cache and the prompt's last id, which decoding feeds first (the cache stops one row
+    short of the prompt)."""
+
+    kv: KV
+    last_id: int
 
 
 @dataclass
 class Trace:
     """Inside a call served from an assembled cache, kept when the caller asks (`server.trace = True`):
     the cache before any repair, a draft on it (the selector's own when it drafted, so none is run
-    twice), the selector's scores of its candidate rows, and the rows repaired."""
+    twice), and the selector's scores of its candidate rows. The rows repaired are the record's."""
 
     assembled: KV
     draft: Draft
     candidates: torch.Tensor | None = None  # the rows the selector ranked (None: no selection ran)
     scores: torch.Tensor | None = None  # their scores, higher = repair first
-    rows: list[int] = field(default_factory=list)
 
 
 @dataclass
 class CallRecord:
-    """What serving one call did. Built by the server that served it, with keyword arguments."""
+    """What serving one call did. Built by the server that served it, with keyword arguments; it
+    stores nothing another field implies (`mode`, the row counts and the served ids are derived,
+    and `records.derive` gives a reader of the stored dict the same)."""
 
     node: str
     role: str
     condition: str
-    mode: str  # "dense" or "reuse"
-    reason: str  # "dense" for dense-only servers; else the gate's reason (first failing placeholder)
-    served_ids: list[int]  # the ids whose cache was served (dense path or reuse path)
-    dense_ids: list[int]
-    merged_ids: list[int]
+    reason: str  # "dense" for dense-only servers; "reuse" if served from an assembled cache; else why not
+    dense_ids: list[int]  # the chat template's ids of the prompt
+    merged_ids: list[int]  # the reuse path's (segment by segment); token-matched Dense serves these
     output_tokens: list[int]
     output_text: str
     ttft_s: float
     total_s: float
-    rows_recomputed: int = 0
     repaired_rows: list[int] = field(default_factory=list)
-    rows_wasted: int = 0  # repaired rows that were already exact (the agent's prefix): budget that changed nothing
     skipped: bool = False  # served from an assembled cache that the repair's skip rule left unrepaired
     segment_map: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     fidelity: dict = field(default_factory=dict)  # in-situ comparison with Dense on the same prompt, if asked
     assembly_s: float = 0.0  # anchor matching and cache assembly (KVComm-based servers), inside the TTFT
-    served: tuple[KV, int] | None = field(default=None, repr=False)  # (cache, last id); not serialised
+    served: Cached | None = field(default=None, repr=False)  # not serialised
     trace: Trace | None = field(default=None, repr=False)  # when asked; not serialised
+
+    @property
+    def mode(self) -> str:
+        """`reuse` (served from an assembled cache) or `dense`: what the reason says."""
+        return REUSE if self.reason == REUSE else "dense"
+
+    @property
+    def rows_recomputed(self) -> int:
+        return len(self.repaired_rows)
+
+    @property
+    def rows_wasted(self) -> int:
+        """Repaired rows that were already exact (the agent's prefix): budget that changed nothing."""
+        predicted = set(predicted_rows(self.segment_map, len(self.merged_ids) - 1))
+        return sum(row not in predicted for row in self.repaired_rows)
 
     def to_dict(self) -> dict:
         record = asdict(replace(self, served=None, trace=None))  # the caches are not copied, only dropped
@@ -101,15 +124,16 @@ def decode_call(kv: KV, last_id: int, max_new_tokens: int, started: float):
 
 @dataclass
 class Served:
-    """What decoding from an assembled cache gave a KVComm-based server."""
+    """What decoding from an assembled cache gave a KVComm-based server: the cache decoding started
+    from, its tokens and times, the rows repaired, and (for the call's trace) the selector's work."""
 
-    kv: KV  # the cache decoding started from
+    kv: KV
     tokens: list[int]
     ttft: float
     total: float
     repaired_rows: list[int] = field(default_factory=list)
     skipped: bool = False  # a repair server's skip rule left the assembled cache as it was
-    candidates: torch.Tensor | None = None  # the rows a selector ranked, and their scores (for a trace)
+    candidates: torch.Tensor | None = None  # the rows a selector ranked, and their scores
     scores: torch.Tensor | None = None
     draft: Draft | None = None  # the selector's draft, if it drafted
 

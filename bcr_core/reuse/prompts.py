@@ -1,7 +1,7 @@
 """Agent prompts as templates with placeholders, and the two ways of turning one into token ids.
 
 A template is a system prompt and a user turn containing placeholders: `{user_question}` and
-`{agent_<i>_current}` (agent i's output). Rendered through the model's chat template (`chat_template`
+`{agent_<i>_current}` (agent i's output). Rendered through the model's chat template (`engine.chat.chat_template`
 says which one a model gets), the text splits at the placeholders into pieces:
 
     prefix | value_1 | text after value_1 | value_2 | text after value_2 | ...
@@ -19,6 +19,8 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+
+from bcr_core.engine.chat import render_messages
 
 PLACEHOLDER = re.compile(r"\{(user_question|agent_[1-9][0-9]*_current)\}")
 ANY_BRACED_NAME = re.compile(r"\{([A-Za-z0-9_]+)\}")
@@ -100,41 +102,6 @@ class Prompt:
                     }
                 )
         return spans
-
-
-# The template of a tokenizer that carries none: the same segments as a chat template (system text, the
-# user turn, the assistant's cue) in plain text, for a base model such as Gemma 3 270M, whose gguf has no
-# chat template and which was trained on plain text, not on turn markers. Each turn ends in a blank line,
-# the BOS token opens the prefix (as Gemma's own chat template and its pretraining documents do), and the cue
-# is "Answer:". Measured on Gemma 3 270M, 10 synthetic items (seed 1): this cue answered 10/10; the same
-# text with a single newline before the cue 8/10, "Question:\n" before the user turn 7/10, and
-# "User:"/"Assistant:" turns 0/6 (it continues the record list, as a base model continues a document).
-PLAIN_TEMPLATE = (
-    "{{ bos_token if bos_token else '' }}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}Answer: {{ message['content'] }}\n\n"
-    "{% else %}{{ message['content'] }}\n\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}Answer:{% endif %}"
-)
-
-
-def chat_template(tokenizer) -> str:
-    """The template a model's prompts are rendered with: the tokenizer's own chat template when it has
-    one (SmolLM2's ChatML, any instruct model's), else `PLAIN_TEMPLATE` (a base model, e.g. Gemma 3
-    270M). Dense, the reuse path's segments, base caches' header and `Backbone.chat_ids` all read this,
-    so every path of one model renders the same text; only the tokenization differs (module docstring)."""
-    return tokenizer.chat_template or PLAIN_TEMPLATE
-
-
-def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """A conversation rendered through `chat_template(tokenizer)`."""
-    return tokenizer.apply_chat_template(
-        messages,
-        chat_template=chat_template(tokenizer),
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-    )
 
 
 def base_header(tokenizer) -> str:

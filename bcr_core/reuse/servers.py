@@ -16,9 +16,9 @@ import torch
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.kv import KV
 from bcr_core.reuse.anchors import REUSE, AnchorPool, Deviation, GateDecision, KVCommConfig, deviation, predict_into
-from bcr_core.reuse.calls import CallRecord, Refused, Served, Server, Trace, decode_call
+from bcr_core.reuse.calls import Cached, CallRecord, Refused, Served, Server, Trace, decode_call
 from bcr_core.reuse.prompts import Prompt
-from bcr_core.reuse.segments import SegmentCaches, placeholder_spans, predicted_rows, rows
+from bcr_core.reuse.segments import SegmentCaches, placeholder_spans, rows
 
 
 class DenseServer(Server):
@@ -40,9 +40,7 @@ class DenseServer(Server):
             node=prompt.template.node,
             role=prompt.template.role,
             condition=self.name,
-            mode="dense",
             reason="dense",
-            served_ids=ids,
             dense_ids=prompt.dense_ids,
             merged_ids=prompt.merged_ids,
             output_tokens=generation.tokens,
@@ -50,7 +48,7 @@ class DenseServer(Server):
             ttft_s=ttft,
             total_s=total,
             segment_map=prompt.segment_map(dense=not self.token_matched),
-            served=(kv, ids[-1]),
+            served=Cached(kv, ids[-1]),
         )
 
 
@@ -88,27 +86,22 @@ class KVCommServer(Server):
             full = KV.from_cache(generation.cache, torch.arange(len(ids)))  # the prompt's rows, the last included
             self.store_anchors(ids, spans, node, full)
             served = Served(kv, generation.tokens, ttft, total)
-        predicted = set(predicted_rows(spans, len(ids) - 1))
         return CallRecord(
             node=node,
             role=prompt.template.role,
             condition=self.name,
-            mode="reuse" if reason == REUSE else "dense",
             reason=reason,
-            served_ids=ids,
             dense_ids=prompt.dense_ids,
             merged_ids=ids,
             output_tokens=served.tokens,
             output_text=self.bb.decode(served.tokens),
             ttft_s=served.ttft,
             total_s=served.total,
-            rows_recomputed=len(served.repaired_rows),
             repaired_rows=served.repaired_rows,
-            rows_wasted=sum(j not in predicted for j in served.repaired_rows),
             skipped=served.skipped,
             segment_map=spans,
             decisions=[d.to_dict() for d in decisions],
-            served=(served.kv, ids[-1]),
+            served=Cached(served.kv, ids[-1]),
             assembly_s=assembly_s,
             trace=self.traced(assembled, ids, served) if reason == REUSE else None,
         )
@@ -118,7 +111,7 @@ class KVCommServer(Server):
         if not self.trace:
             return None
         draft = served.draft or self.bb.draft(assembled, ids[-1])
-        return Trace(assembled, draft, served.candidates, served.scores, list(served.repaired_rows))
+        return Trace(assembled, draft, served.candidates, served.scores)
 
     def share_caches(self, caches: SegmentCaches) -> None:
         self.caches = caches
@@ -197,7 +190,7 @@ class KVCommServer(Server):
         anchors a dense call produced."""
         for decision in call["decisions"]:
             self.pool.counts[decision["reason"]] += 1
-        if call["mode"] == "reuse":
+        if call["reason"] == REUSE:
             for decision in call["decisions"]:
                 for anchor in self.pool.anchors(decision["placeholder"]):
                     anchor.activations += anchor.serial in decision["anchors"]

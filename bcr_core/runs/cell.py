@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bcr_core.runs.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
+from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
 from bcr_core.runs.settings import RUN, check_run
 from bcr_core.settings import SettingError, check_setting
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from bcr_core.analysis.summary import summarize
-from bcr_core.engine.models import CONFIG_PREFIX, DEFAULT_MODEL
+from bcr_core.engine.architectures import CONFIG_PREFIX
+from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
 from bcr_core.runs.cell import Cell, make_cell

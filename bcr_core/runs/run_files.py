@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from bcr_core.errors import UsageError
-from bcr_core.paths import utf8_text, written_whole
+from bcr_core.paths import utf8_text
+from bcr_core.records import append_jsonl, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
 from bcr_core.runs.cell import Cell
 
 
@@ -73,7 +74,8 @@ class RunFiles:
     def finished(
         self, item_ids: list[str], nodes: list[str], stateful: set[str] = frozenset()
     ) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
-        """The finished items and their calls, keyed by (condition, item id).
+        """The finished items and their calls (each with its implied fields, `records.derive`), keyed
+        by (condition, item id).
 
         `append` writes an item's calls (synced) before its item line, so a crash can leave only a
         torn last line or the calls of items without an item line at the end of `calls.jsonl`:
@@ -108,7 +110,7 @@ class RunFiles:
         if torn_items or torn_calls or len(kept_calls) < len(call_rows):
             rewrite_jsonl(self.items_path, [r for _, r in items.values()])
             rewrite_jsonl(self.calls_path, kept_calls)
-        return {k: r for k, (_, r) in items.items()}, {k: [c for _, c in v] for k, v in calls.items()}
+        return {k: r for k, (_, r) in items.items()}, {k: [derive(c) for _, c in v] for k, v in calls.items()}
 
     def checked_items(self, rows: list[tuple[int, dict]], item_ids: list[str]) -> dict[tuple[str, str], tuple]:
         position = {item_id: i for i, item_id in enumerate(item_ids)}
@@ -161,8 +163,8 @@ class RunFiles:
 
 # The fields resuming reads, with their JSON types (a bool is not an int here).
 ITEM_FIELDS = {"condition": str, "item_id": str, "index": int, "correct": bool, "final_text": str}
-CALL_FIELDS = {"condition": str, "item_id": str, "node": str, "mode": str, "reason": str, "merged_ids": list}
-CALL_FIELDS |= {"segment_map": list, "decisions": list, "rows_recomputed": int}
+CALL_FIELDS = {"condition": str, "item_id": str, "node": str, "reason": str, "merged_ids": list, "dense_ids": list}
+CALL_FIELDS |= {"segment_map": list, "decisions": list, "repaired_rows": list}
 
 
 def check_record(path: Path, line: int, row: dict, fields: dict, conditions: tuple[str, ...]) -> None:
@@ -245,51 +247,3 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSONL file. Only a last line torn by a crash (no newline after it) is
-    dropped, to be redone; any other unreadable line, a blank one included, is an error naming the
-    file and line, and nothing is rewritten."""
-    return [row for _, row in numbered_jsonl(path)[0]]
-
-
-def numbered_jsonl(path: Path) -> tuple[list[tuple[int, dict]], bool]:
-    """`read_jsonl`'s records with their line numbers, and whether a torn last line was dropped."""
-    if not path.exists():
-        return [], False
-    text = utf8_text(path, "records as JSON lines")
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the file ends with a newline: no torn line
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
-            rows.append((number, row))
-        elif number == len(lines) and not text.endswith("\n"):
-            return rows, True  # torn by a crash: redone
-        else:
-            shown = "a blank line" if not line.strip() else repr(line[:60])
-            raise UsageError(
-                f"{path}, line {number}: unreadable record ({shown}); only a torn last line is "
-                "redone. Restore or delete that line, then run again; nothing was changed on disk"
-            )
-    return rows, False
-
-
-def rewrite_jsonl(path: Path, rows) -> None:
-    """Replace the records at `path`, or at the file it links to (the link stays a link)."""
-    with written_whole(Path(path).resolve()) as partial:
-        partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def append_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "a") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())

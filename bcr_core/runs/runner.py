@@ -23,7 +23,7 @@ from bcr_core.engine.memory import release_freed_memory
 from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.conditions import make_server
+from bcr_core.conditions import make_server
 from bcr_core.runs.lanes import Unit, run_lanes
 from bcr_core.runs.run_files import RunFiles
 
@@ -141,9 +141,7 @@ def run_cell(
         def finished(unit: Unit, request) -> None:
             condition, index = unit.key
             record = item_record(cell, condition, index, items[index], request)
-            files.append(
-                record, [c.to_dict() | {"condition": condition, "item_id": request.item_id} for c in request.calls]
-            )
+            files.append(record, [c.to_dict() | {"item_id": request.item_id} for c in request.calls])
             written.append(unit.key)
             bar.update(1)
             release_freed_memory()  # a long run's resident memory stays near what it holds

@@ -1,7 +1,7 @@
 """The settings of `bcr run` (`RUN`), which `bcr grid` and the notebooks' parameter cells read too,
 in the kinds of `bcr_core.settings`: a condition (`ConditionName`), a list of them (`Conditions`),
 and `check_run`, the checks of a whole `bcr run` command. They live here, beside the runner, because
-checking a condition means parsing it (`bcr_core.runs.conditions`), and the conditions' own options
+checking a condition means parsing it (`bcr_core.conditions`), and the conditions' own options
 are checked by the kinds of `bcr_core.settings`: one direction, no circle.
 """
 
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from bcr_core.agents.graph import full_connected
 from bcr_core.data.benchmarks import NAMES
 from bcr_core.engine.models import DEFAULT_MODEL
-from bcr_core.runs.conditions import parse, split_conditions
+from bcr_core.conditions import parse, split_conditions
 from bcr_core.settings import Bool, Int, Kind, ListOf, Optional, Setting, SettingError, Str, check_setting, cli_label
 
 
 @dataclass(frozen=True)
 class ConditionName(Str):
-    """A condition such as `kvcomm@0.5` or `bcr-chunk@0.2:chunk=16` (see `bcr_core.runs.conditions`)."""
+    """A condition such as `kvcomm@0.5` or `bcr-chunk@0.2:chunk=16` (see `bcr_core.conditions`)."""
 
     def describe(self):
         return "str (a condition, e.g. 'kvcomm' or 'bcr-chunk@0.2')"

@@ -1,0 +1,271 @@
+"""What each `bcr` subcommand does (`cli` parses the arguments and calls one of these): load what it
+needs when it runs, so `bcr --help` does not wait for torch, and print a table or one JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bcr_core.engine.models import DEFAULT_MODEL
+from bcr_core.errors import UsageError
+
+
+def load_backbone(model: str):
+    """Imported when a command needs the model, so `bcr --help` does not wait for torch."""
+    from bcr_core.engine.loading import load_backbone
+
+    return load_backbone(model)
+
+
+def print_table(table, args, digits: int | None = None) -> int:
+    """A result table as JSON records (--json) or as aligned text; returns the exit code 0."""
+    import pandas as pd
+
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        fmt = None if digits is None else (lambda x: f"{x:.{digits}f}")
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            print(table.to_string(index=False, float_format=fmt))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from bcr_core.probes.verify import verify
+
+    report = verify(load_backbone(args.model), prompt=args.prompt)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(f"model: {report.model}")
+        print(
+            f"full repair (rho = 1) token-identical to Dense over {report.tokens_compared} tokens: "
+            f"{report.full_repair_token_identical}"
+        )
+        print(f"  unrepaired (foreign-prefix) cache identical to Dense: {report.unrepaired_token_identical}")
+        print(f"  max |repaired - dense| over all layers: {report.repair_max_abs_err:.2e}")
+        print(
+            f"re-rotation max abs error: {report.rerotation_max_abs_err:.2e} "
+            f"(tolerance {report.rerotation_tolerance:.0e})"
+        )
+        print("PASS" if report.passed else "FAIL")
+    return 0 if report.passed else 1
+
+
+def cmd_demo(args) -> int:
+    import pandas as pd
+
+    from bcr_core.probes.demo import demo
+
+    if args.new_tokens < 1:
+        raise UsageError(f"--new-tokens must be at least 1, got {args.new_tokens}")
+    table = demo(load_backbone(args.model), prompt=args.prompt, new_tokens=args.new_tokens)
+    with pd.option_context("display.max_colwidth", 70):
+        return print_table(table, args)
+
+
+def cmd_run(args) -> int:
+    from bcr_core.analysis.summary import summarize
+    from bcr_core.conditions import split_conditions
+    from bcr_core.runs.cell import make_cell
+    from bcr_core.runs.runner import run_cell
+
+    cell = make_cell(
+        args.benchmark,
+        args.agents,
+        split_conditions(args.conditions),
+        args.n,
+        args.max_new_tokens,
+        args.pinned,
+        args.model,
+        args.reference,
+        split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
+        args.item_seed,
+        args.fidelity,
+    )
+    items = run_cell(load_backbone(args.model), cell, args.out, progress=True, batch=args.batch)
+    table = summarize(items, reference=args.reference)
+    (args.out / "summary.csv").write_text(table.to_csv(index=False))
+    return print_table(table, args, digits=3)
+
+
+def cmd_arena(args) -> int:
+    from bcr_core.arena.measures import arena_frame, selector_table
+    from bcr_core.arena.run import make_arena_cell, run_arena
+    from bcr_core.records import read_calls
+
+    cell = make_arena_cell(
+        args.n,
+        args.agents,
+        args.max_new_tokens,
+        args.rho,
+        args.chunk,
+        split_list(args.rhos, float, "--rhos"),
+        args.selectors,
+        split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
+        args.benchmark,
+        args.item_seed,
+        args.model,
+        args.gamma,
+    )
+    run_arena(load_backbone(args.model), cell, args.out, progress=True)
+    calls = read_calls(args.out / "calls.jsonl")
+    if not any(c.get("arena") for c in calls):
+        print(
+            f"bcr arena: no call of these {args.n} items was served from an assembled cache (KVComm's anchor pool "
+            "warms up over the first items), so no selector was compared; run more items (--n)",
+            file=sys.stderr,
+        )
+        if args.json:
+            print("[]")
+        return 0
+    table = selector_table(arena_frame(calls))
+    return print_table(table, args, digits=4)
+
+
+def cmd_grid(args) -> int:
+    from bcr_core.runs.grid import run_grid
+    from bcr_core.runs.grid_cells import combined_table, read_grid
+
+    grid = read_grid(args.file, model=args.model)
+    failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
+    table = combined_table(grid, args.out)
+    (args.out / "grid.csv").write_text(table.to_csv(index=False))
+    print_table(table, args, digits=3)
+    for name in failed:
+        print(f"bcr grid: cell {name} did not finish; run the same command again to resume it", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_unit_curve(args) -> int:
+    from bcr_core.probes.unit_curve import (
+        UnitCurveConfig,
+        default_texts,
+        read_prompts,
+        summarize_curve,
+        unit_curve,
+    )
+
+    if args.seeds < 1:
+        raise UsageError(f"--seeds is how many random selections to compare with, at least 1; got {args.seeds}")
+    config = UnitCurveConfig(
+        args.segment_tokens,
+        args.budget,
+        tuple(split_list(args.units, int, "--units")),
+        tuple(args.seed + i for i in range(args.seeds)),
+    )
+    texts = read_prompts(args.prompts) if args.prompts else default_texts()
+    table = summarize_curve(
+        unit_curve(load_backbone(args.model), texts, config, progress=True)
+    )  # tqdm writes to stderr
+    return print_table(table, args, digits=4)
+
+
+def cmd_ttft(args) -> int:
+    from bcr_core.probes.latency import check_lengths, check_settings, ttft_table
+
+    lengths, rhos = split_list(args.lengths, int, "--lengths"), split_list(args.rho, float, "--rho")
+    check_settings(lengths, args.samples)
+    bb = load_backbone(args.model)
+    check_lengths(bb, lengths)
+    # tqdm writes to stderr, so --json stdout stays one document
+    table = ttft_table(bb, lengths, rhos, args.samples, progress=True)
+    return print_table(table, args, digits=2)
+
+
+def cmd_notebooks(args) -> int:
+    from bcr_core.lab.notebooks import NotebookError, run_notebooks
+
+    parameters = read_parameters(args.parameter)
+    if args.model != DEFAULT_MODEL:
+        parameters["model"] = args.model
+    try:
+        results = run_notebooks(
+            args.out,
+            smoke=args.smoke,
+            only=split_list(args.only, str, "--only") if args.only is not None else None,
+            parameters=parameters,
+        )
+    except NotebookError as err:
+        print(f"bcr notebooks: error: {err}", file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    table = pd.DataFrame([{"notebook": r.notebook, "seconds": r.seconds, "ok": r.ok, "html": r.html} for r in results])
+    print_table(table, args, digits=1)
+    for r in results:
+        if not r.ok:
+            print(f"bcr notebooks: {r.error}", file=sys.stderr)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def read_parameters(pairs: list[str]) -> dict:
+    """`-p NAME=VALUE` pairs: VALUE read as JSON, else as a string."""
+    parameters = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"-p takes NAME=VALUE, got {pair!r}")
+        try:
+            parameters[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            parameters[name.strip()] = raw  # a bare word is a string
+    return parameters
+
+
+def cmd_explore(args) -> int:
+    import tempfile
+
+    from bcr_core.lab import app
+
+    parameters = read_parameters(args.parameter)
+    if args.model != DEFAULT_MODEL:
+        parameters["model"] = args.model
+    app.check_port(args.port)
+    with tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:
+        prepared = app.explorer_notebook(parameters, Path(folder), results=args.results)
+        url = f"http://{app.HOST}:{args.port}/"
+        source = (
+            f"reads {prepared.saved}"
+            if prepared.saved
+            else f"no saved inspection matches: serves {prepared.parameters['n']} requests with the model first "
+            f"(minutes), then saves them to {app.FRESH / 'explorer'}"
+        )
+        if args.check:
+            print(json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"ok: {source}")
+            return 0
+        try:
+            server = app.start(prepared.notebook, args.port, explicit=prepared.explicit)
+        except RuntimeError as err:
+            raise UsageError(f"voila did not start: {err}") from None
+        print(
+            json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"explorer: {url}\n{source}"
+        )
+        print("Ctrl-C stops it.", file=sys.stderr, flush=True)
+        try:
+            server.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            app.stop(server)
+    return 0
+
+
+ITEMS = {int: "integers", float: "numbers", str: "names"}
+
+
+def split_list(text: str, kind, option: str | None = None):
+    """A comma-separated option value as a list; with `option` named, an empty list or a value given
+    twice is an error naming it."""
+    try:
+        values = [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"cannot read {text!r} as a comma-separated list of {kind.__name__}") from None
+    if option and not values:
+        raise UsageError(f"{option} is empty; give a comma-separated list of {ITEMS[kind]}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if option and twice:
+        raise UsageError(f"{option} lists {', '.join(map(str, twice))} more than once; give each value once")
+    return values

@@ -1,0 +1,129 @@
+"""The on-disk records: JSON lines, appended and synced one item at a time, read back with a torn
+last line dropped (a crash's only possible damage), from a file or its `.gz` twin.
+
+A call record (`reuse.calls.CallRecord.to_dict`) stores only what nothing else in it implies. A
+reader gets the implied fields back from `derive`, the one place they are computed:
+
+- `mode`: "reuse" when the call's reason is the gate's "reuse", else "dense";
+- `rows_recomputed` and `rows_wasted`: how many rows were repaired, and how many of those sat on
+  the agent's exact prefix (outside every placeholder and the text after it);
+- `cached_rows` and `ids_match`: the served cache's rows (one short of the prompt) and whether the
+  chat template's ids equal the reuse path's.
+
+`export` writes a run's records for committing under results/: the same record with its three id
+lists (the prompt's two tokenizations, the repaired rows) left out and the counts above kept in
+their place, because those lists are most of a record's bytes and no committed table reads them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+from bcr_core.errors import UsageError
+from bcr_core.paths import utf8_text, written_whole
+from bcr_core.reuse.anchors import REUSE
+from bcr_core.reuse.segments import predicted_rows
+
+ID_LISTS = ("dense_ids", "merged_ids", "repaired_rows")  # left out of committed records
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file. Only a last line torn by a crash (no newline after it) is
+    dropped, to be redone; any other unreadable line, a blank one included, is an error naming the
+    file and line, and nothing is rewritten."""
+    return [row for _, row in numbered_jsonl(path)[0]]
+
+
+def numbered_jsonl(path: Path) -> tuple[list[tuple[int, dict]], bool]:
+    """`read_jsonl`'s records with their line numbers, and whether a torn last line was dropped."""
+    if not path.exists():
+        return [], False
+    text = utf8_text(path, "records as JSON lines")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the file ends with a newline: no torn line
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append((number, row))
+        elif number == len(lines) and not text.endswith("\n"):
+            return rows, True  # torn by a crash: redone
+        else:
+            shown = "a blank line" if not line.strip() else repr(line[:60])
+            raise UsageError(
+                f"{path}, line {number}: unreadable record ({shown}); only a torn last line is "
+                "redone. Restore or delete that line, then run again; nothing was changed on disk"
+            )
+    return rows, False
+
+
+def rewrite_jsonl(path: Path, rows) -> None:
+    """Replace the records at `path`, or at the file it links to (the link stays a link)."""
+    with written_whole(Path(path).resolve()) as partial:
+        partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path: Path) -> list[dict]:
+    """A JSONL file, or its `.gz` twin when only that exists."""
+    path = Path(path)
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    if path.suffix != ".gz":
+        return read_jsonl(path)  # a run still being written may end in a torn line
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_calls(path: Path) -> list[dict]:
+    """The call records at `path` (or its `.gz` twin), each with its implied fields (`derive`)."""
+    return [derive(call) for call in read_records(path)]
+
+
+def derive(call: dict) -> dict:
+    """The call record with the fields it implies added (see the module's docstring); a committed
+    record, which keeps the counts in place of its id lists, is returned with `mode` added."""
+    out = dict(call)
+    out["mode"] = REUSE if call["reason"] == REUSE else "dense"
+    if "merged_ids" in call:
+        cached = len(call["merged_ids"]) - 1
+        predicted = set(predicted_rows(call["segment_map"], cached))
+        out["cached_rows"] = cached
+        out["ids_match"] = call["dense_ids"] == call["merged_ids"]
+        out["rows_recomputed"] = len(call["repaired_rows"])
+        out["rows_wasted"] = sum(row not in predicted for row in call["repaired_rows"])
+    return out
+
+
+def committed(call: dict) -> dict:
+    """A call record as committed under results/: its implied counts kept, its id lists and its
+    `mode` (which the reason gives) left out."""
+    full = derive(call)
+    return {k: v for k, v in full.items() if k not in ID_LISTS and k != "mode"}
+
+
+def export(run: Path, target: Path) -> int:
+    """Write a run folder's records for committing (gzip, `committed` calls) beside its settings;
+    returns the item records written."""
+    target.mkdir(parents=True, exist_ok=True)
+    items = read_records(run / "items.jsonl")
+    calls = [committed(c) for c in read_records(run / "calls.jsonl")]
+    (target / "cell.json").write_text((run / "cell.json").read_text())
+    for name, rows in (("items.jsonl.gz", items), ("calls.jsonl.gz", calls)):
+        with gzip.open(target / name, "wt", compresslevel=9) as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return len(items)

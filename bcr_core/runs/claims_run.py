@@ -1,0 +1,45 @@
+"""Every run the claims' verdicts read, afresh on any model (`analysis.claims_grid.ClaimsGrid` names
+them): the main cell and the row-matched controls with fidelity, the gate sweep with its own line,
+the unit curve and `bcr verify`, into one folder that `claims_grid.load_claims` reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bcr_core.analysis.claims_grid import GATE, ClaimsGrid
+from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve
+from bcr_core.probes.verify import verify
+from bcr_core.runs.cell import Cell
+from bcr_core.runs.runner import run_cell
+
+
+def claims_cell(grid: ClaimsGrid, conditions: list[str], fidelity: bool, n: int | None = None) -> Cell:
+    """One run of the grid: its benchmark, agents and items under `conditions`."""
+    return Cell(
+        grid.benchmark,
+        grid.agents,
+        tuple(conditions),
+        grid.n if n is None else n,
+        grid.max_new_tokens,
+        extra={"seed": grid.item_seed} if grid.benchmark == "synthetic" else {},
+        fidelity=fidelity,
+    )
+
+
+def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progress: bool = True) -> Path:
+    """Every run the verdicts read, on `bb`, into `out` (resumable like any `bcr run`); the unit
+    curve at budget-matched units (per-prompt records)."""
+    out = Path(out)
+    run_cell(bb, claims_cell(grid, grid.main(), fidelity=True), out / "main", progress=progress, batch=batch)
+    run_cell(bb, claims_cell(grid, grid.matched(), fidelity=True), out / "matched", progress=progress, batch=batch)
+    gate = claims_cell(grid, grid.gate_run(), fidelity=False, n=min(grid.gate_n, grid.n))
+    run_cell(bb, gate, out / GATE, progress=progress, batch=batch)
+    curve_path = out / "unit_curve.csv"
+    if not curve_path.exists():
+        config = unit_config or UnitCurveConfig(segment_tokens=grid.segment_tokens, units=(1, 16, 64, 256))
+        texts = default_texts(grid.unit_prompts)
+        unit_curve(bb, texts, config, progress=progress).to_csv(curve_path, index=False)
+    (out / "verify.json").write_text(json.dumps(verify(bb).to_dict(), indent=2))
+    return out
