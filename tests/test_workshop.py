@@ -10,7 +10,8 @@ import shlex
 
 import pytest
 
-from bcr_core.cli import build_parser, main, read_parameters
+from bcr_core.cli import build_parser, main
+from bcr_core.commands import read_parameters
 from bcr_core.lab import app, params
 from bcr_core.lab.notebooks import declared_parameters, notebook_paths
 from bcr_core.paths import CHECKOUT

@@ -46,8 +46,9 @@ class Trace:
 @dataclass
 class CallRecord:
     """What serving one call did. Built by the server that served it, with keyword arguments; it
-    stores nothing another field implies (`mode`, the row counts and the served ids are derived,
-    and `records.derive` gives a reader of the stored dict the same)."""
+    stores nothing another field implies: `mode` and the row counts are properties (and
+    `records.derive` gives a reader of the stored dict the same), and which ids were served follows
+    from the condition (Dense the chat template's, every other the reuse path's)."""
 
     node: str
     role: str
