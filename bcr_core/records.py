@@ -24,8 +24,7 @@ from pathlib import Path
 
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text, written_whole
-from bcr_core.reuse.anchors import REUSE
-from bcr_core.reuse.segments import predicted_rows
+from bcr_core.reuse.calls import mode_of, wasted_rows
 
 ID_LISTS = ("dense_ids", "merged_ids", "repaired_rows")  # left out of committed records
 
@@ -98,14 +97,13 @@ def derive(call: dict) -> dict:
     """The call record with the fields it implies added (see the module's docstring); a committed
     record, which keeps the counts in place of its id lists, is returned with `mode` added."""
     out = dict(call)
-    out["mode"] = REUSE if call["reason"] == REUSE else "dense"
+    out["mode"] = mode_of(call["reason"])
     if "merged_ids" in call:
         cached = len(call["merged_ids"]) - 1
-        predicted = set(predicted_rows(call["segment_map"], cached))
         out["cached_rows"] = cached
         out["ids_match"] = call["dense_ids"] == call["merged_ids"]
         out["rows_recomputed"] = len(call["repaired_rows"])
-        out["rows_wasted"] = sum(row not in predicted for row in call["repaired_rows"])
+        out["rows_wasted"] = wasted_rows(call["segment_map"], cached, call["repaired_rows"])
     return out
 
 

@@ -43,6 +43,17 @@ class Trace:
     scores: torch.Tensor | None = None  # their scores, higher = repair first
 
 
+def mode_of(reason: str) -> str:
+    """A call's mode from its reason: "reuse" when the gate passed it, else "dense"."""
+    return REUSE if reason == REUSE else "dense"
+
+
+def wasted_rows(segment_map: list[dict], cached_rows: int, repaired_rows: list[int]) -> int:
+    """How many repaired rows lie outside what KVComm predicted (the agent's exact prefix)."""
+    predicted = set(predicted_rows(segment_map, cached_rows))
+    return sum(row not in predicted for row in repaired_rows)
+
+
 @dataclass
 class CallRecord:
     """What serving one call did. Built by the server that served it, with keyword arguments; it
@@ -72,7 +83,7 @@ class CallRecord:
     @property
     def mode(self) -> str:
         """`reuse` (served from an assembled cache) or `dense`: what the reason says."""
-        return REUSE if self.reason == REUSE else "dense"
+        return mode_of(self.reason)
 
     @property
     def rows_recomputed(self) -> int:
@@ -81,8 +92,7 @@ class CallRecord:
     @property
     def rows_wasted(self) -> int:
         """Repaired rows that were already exact (the agent's prefix): budget that changed nothing."""
-        predicted = set(predicted_rows(self.segment_map, len(self.merged_ids) - 1))
-        return sum(row not in predicted for row in self.repaired_rows)
+        return wasted_rows(self.segment_map, len(self.merged_ids) - 1, self.repaired_rows)
 
     def to_dict(self) -> dict:
         record = asdict(replace(self, served=None, trace=None))  # the caches are not copied, only dropped
