@@ -343,15 +343,38 @@ def test_notebook_11_runs_headless_in_smoke_mode(tmp_path):
     assert "Plotly.newPlot" in (out / "11_arena.html").read_text()
 
 
-def test_the_committed_arena_gives_the_readmes_table():
-    """results/arena holds the arena's compact records; every line the README shows of it is what
-    `bcr_core.arena.report` computes from them, and every selector spent the paired rows."""
+@pytest.mark.parametrize("folder", ["arena", "arena-gemma-3-270m"])
+def test_the_committed_arena_gives_the_readmes_table(folder):
+    """results/arena (SmolLM2-135M) and results/arena-gemma-3-270m hold the arena's compact records;
+    every line the README shows of each is what `bcr_core.arena.report` computes from them, and every
+    selector spent the paired rows."""
     from bcr_core.arena import report
     from bcr_core.paths import RESULTS
 
-    frame = measures.read_arena(RESULTS / "arena")
+    frame = measures.read_arena(RESULTS / folder)
     paired = frame[(frame["budget"] == PAIRED) & ~frame["selector"].str.contains("rank=predicted")]
     assert (paired.groupby(["item_id", "node"])["rows"].nunique() == 1).all()
     readme = (RESULTS.parent / "README.md").read_text()
-    for line in report.markdown(RESULTS / "arena").splitlines():
+    for line in report.markdown(RESULTS / folder).splitlines():
+        assert line in readme, line
+
+
+def test_the_readmes_arena_transfer_table_compares_like_with_like():
+    """The two committed arenas differ in their model and their item count only (same task, agents,
+    serving condition, selectors and budgets), and the README's transfer table is what they give."""
+    from bcr_core.arena import report
+    from bcr_core.paths import RESULTS
+
+    folders = [RESULTS / "arena", RESULTS / "arena-gemma-3-270m"]
+    cells = [json.loads((f / "cell.json").read_text()) for f in folders]
+    assert [c.pop("model") for c in cells] == ["default", "gemma-3-270m"]
+    assert [c.pop("n") for c in cells] == [200, 100]
+    assert cells[0] == cells[1]
+    table = report.transfer_table(folders)
+    shown = table[["SmolLM2-135M: verdict", "Gemma 3 270M: verdict"]]
+    assert (table["transfers"] == shown.nunique(axis=1).map({1: "yes", 2: "no"})).all()
+    with pytest.raises(ValueError, match="same model"):
+        report.transfer_table([folders[0], folders[0]])
+    readme = (RESULTS.parent / "README.md").read_text()
+    for line in report.transfer_lines(folders).splitlines():
         assert line in readme, line

@@ -3,7 +3,8 @@
 `python -m bcr_core.arena.report results/arena` prints the per-selector table at BCR-chunk's own
 count (per-item KL with its interval, the share of the achievable gain, per-call rates, rows and
 cost), the rows-vs-KL frontier over the budget sweep, and one line per verdict; a test checks that
-every line of it is in the README.
+every line of it is in the README. Given several folders (one arena per model), it prints each and
+then the transfer table: every verdict per model, each model's table its own Holm family.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 import pandas as pd
 
-from bcr_core.analysis.claims_report import p_text
+from bcr_core.analysis.claims_report import model_of, p_text, transfer, transfer_markdown
 from bcr_core.arena import measures
 
 
@@ -95,5 +96,19 @@ def markdown(folder) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+def transfer_table(folders) -> pd.DataFrame:
+    """Every arena verdict on each folder's model side by side, and whether it transfers (same
+    verdict on every model); the folders' models must differ."""
+    verdicts = {model_of(f): measures.verdicts(measures.read_arena(f)) for f in folders}
+    if len(verdicts) < len(folders):
+        raise ValueError("two arena folders hold the same model: a transfer table compares models")
+    return transfer(verdicts)
+
+
+def transfer_lines(folders) -> str:
+    return transfer_markdown(transfer_table(folders), [model_of(f) for f in folders])
+
+
 if __name__ == "__main__":
-    print(markdown(sys.argv[1] if len(sys.argv) > 1 else "results/arena"))
+    folders = sys.argv[1:] or ["results/arena"]
+    print("\n\n".join([*map(markdown, folders), *([transfer_lines(folders)] if len(folders) > 1 else [])]))

@@ -73,7 +73,7 @@ SCHEMA: dict[str, Kind] = {
     "samples": Int(1),
     "results_dir": Str(),
     "results": Str(),  # a folder of finished runs to read (the committed results, or a `bcr run` output)
-    "transfer": ListOf(Str()),  # claims folders of other models, read beside `results`
+    "transfer": ListOf(Str()),  # claims (or arena) folders of other models, read beside `results`
     "fresh": Bool(),  # run everything anew on `model` instead of reading `results`
     "measure": Str(("agrees_dense", "correct")),  # the per-item outcome the claims are read on
     "smoke": Bool(),
