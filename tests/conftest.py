@@ -5,6 +5,7 @@ family (`tiny_family_config`), and, for a few tests, the real models (the embedd
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -12,7 +13,9 @@ from transformers import AutoConfig, LlamaConfig
 
 from bcr_core.engine.backbone import Backbone
 
-torch.set_num_threads(2)
+# Two threads on the 2-core machines, unless OMP_NUM_THREADS says fewer: two torch processes on two cores
+# must each run one thread, or both slow down about 40x.
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
 
 def tiny_llama_config(**overrides) -> LlamaConfig:
