@@ -37,6 +37,25 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
 
+def add_prompt_and_stop(parser: argparse.ArgumentParser) -> None:
+    from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
+    from bcr_core.engine.stopping import DEFAULT_RULE, RULES
+
+    parser.add_argument(
+        "--prompt",
+        default=DEFAULT_PROMPT,
+        choices=PROMPTS,
+        help="the templates' form: 'standard', or 'one-shot' (the benchmark's worked example before the user turn)",
+    )
+    parser.add_argument(
+        "--stop",
+        default=DEFAULT_RULE,
+        choices=RULES,
+        help="decoding ends at the end token or the cap ('eos'), or also at the first newline after visible text "
+        "('line'); the same for every condition",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bcr_core.data.benchmarks import NAMES as BENCHMARKS
     from bcr_core.probes.verify import DEFAULT_PROMPT
@@ -97,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also serve every call densely: per-call first-token agreement and teacher-forced KL",
     )
+    add_prompt_and_stop(run)
     add_common(run)
     run.set_defaults(run=cmd_run)
 
@@ -120,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the whole field; see bcr_core.arena.registry)",
     )
     arena.add_argument("--seeds", default=None, help="comma-separated seeds: a coin without a seed runs once per seed")
+    add_prompt_and_stop(arena)
     add_common(arena)
     arena.set_defaults(run=cmd_arena)
 

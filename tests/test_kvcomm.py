@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_family_config
+from conftest import FAMILIES, tiny_family_config, tiny_llama_config
 from scipy.stats import entropy
 
 from bcr_core.agents.pipeline import Pipeline
@@ -22,7 +22,7 @@ from bcr_core.reuse.anchors import (
     predict,
     top_p,
 )
-from bcr_core.reuse.segments import placeholder_spans, rows
+from bcr_core.reuse.segments import SegmentCaches, placeholder_spans, rows
 from bcr_core.reuse.servers import DenseServer, KVCommServer
 
 # --- the gate on hand-made caches ------------------------------------------------------------
@@ -310,3 +310,25 @@ def test_a_deviation_prefilled_from_the_same_ids_is_held_once(tiny_chat):
     del mine, shared, alone
     gc.collect()
     assert len(caches.deviations) == 0
+
+
+def test_a_base_cache_is_its_segment_behind_bos_and_the_header_moved_to_position_zero(gemma_tokenizer):
+    """With the plain-text template (Gemma's) a base cache holds the segment's rows as a prefill of
+    <bos> "\\n\\n" + segment computes them, moved two positions back: values as computed, keys turned by
+    RoPE; behind the header alone (the segment where the attention sink should be) every row differs."""
+    tok = gemma_tokenizer
+    config = tiny_llama_config(
+        vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=0
+    )
+    bb = Backbone.from_config(config, device="cpu", dtype=torch.float32, seed=0)
+    bb.tokenizer = tok
+    ids = tok("Ann lives in Oslo.\n\nWhere does Ann live?", add_special_tokens=False)["input_ids"]
+    newlines = tok.convert_tokens_to_ids("\n\n")
+    base = SegmentCaches(bb).base(ids)
+    behind = bb.prefill([tok.bos_token_id, newlines, *ids])
+    assert base.positions.tolist() == list(range(len(ids)))
+    torch.testing.assert_close(base.values, behind.values[:, :, :, 2:], rtol=0, atol=0)
+    torch.testing.assert_close(bb.shift(base, 2).keys, behind.keys[:, :, :, 2:], rtol=1e-5, atol=1e-5)
+    header_alone = bb.prefill([newlines, *ids])
+    row_gap = (base.values[1:] - header_alone.values[1:, :, :, 1:]).abs().amax(dim=(0, 1, 2, 4))
+    assert bool((row_gap > 1e-4).all())  # above layer 0, whose values read only the token itself

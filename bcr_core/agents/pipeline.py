@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bcr_core.agents.graph import FINAL, full_connected
+from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.capacity import check_rows_fit
+from bcr_core.engine.stopping import DEFAULT_RULE, stop_rule
 from bcr_core.errors import UsageError
-from bcr_core.reuse.calls import CallRecord, drive
+from bcr_core.reuse.calls import CallRecord, drive, stopping
 from bcr_core.reuse.fidelity import call_fidelity
 from bcr_core.reuse.prompts import QUESTION, agent_placeholder, build_prompt
 
@@ -51,7 +53,18 @@ class RequestRecord:
 
 
 class Pipeline:
-    def __init__(self, bb, benchmark: str, n_agents: int = 3, max_new_tokens: int = 512, pinned: str | None = None):
+    def __init__(
+        self,
+        bb,
+        benchmark: str,
+        n_agents: int = 3,
+        max_new_tokens: int = 512,
+        pinned: str | None = None,
+        prompt: str = DEFAULT_PROMPT,
+        stop: str = DEFAULT_RULE,
+    ):
+        """`prompt` picks the templates' form (`data.roles.PROMPTS`), `stop` the rule every call's decoding
+        ends by (`engine.stopping.RULES`), the same for every server the pipeline serves."""
         if max_new_tokens < 1:
             raise UsageError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         context = getattr(bb.config, "max_position_embeddings", None)
@@ -63,8 +76,9 @@ class Pipeline:
         check_rows_fit(bb, max_new_tokens, f"--max-new-tokens {max_new_tokens}")
         self.bb = bb
         self.benchmark = benchmark
-        self.templates = full_connected(benchmark, n_agents, pinned)
+        self.templates = full_connected(benchmark, n_agents, pinned, prompt)
         self.max_new_tokens = max_new_tokens
+        self.stop_rule = stop_rule(stop, bb.tokenizer)
 
     def prompts(self, question: str, outputs: dict[str, str]):
         """The prompt of every node whose inputs are all in `outputs` (for inspection)."""
@@ -91,9 +105,9 @@ class Pipeline:
         record = RequestRecord(str(item_id), self.benchmark, server.name)
         for i, template in enumerate(self.templates, start=1):
             prompt = build_prompt(self.bb.tokenizer, template, values)
-            call = yield from server.steps(prompt, self.max_new_tokens)
+            call = yield from stopping(server.steps(prompt, self.max_new_tokens), self.stop_rule)
             if reference is not None:
-                dense = yield from reference.steps(prompt, self.max_new_tokens)
+                dense = yield from stopping(reference.steps(prompt, self.max_new_tokens), self.stop_rule)
                 call.fidelity = call_fidelity(self.bb, dense, call)
             if not keep_caches:
                 call.served = None

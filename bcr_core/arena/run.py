@@ -24,7 +24,9 @@ from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
 from bcr_core.conditions import make_server, parse
 from bcr_core.data import benchmarks
+from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.memory import release_freed_memory
+from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
@@ -63,6 +65,8 @@ def make_arena_cell(
     item_seed: int = 0,
     model: str = "default",
     gamma: float | None = None,
+    prompt: str = DEFAULT_PROMPT,
+    stop: str = DEFAULT_RULE,
 ) -> ArenaCell:
     """The arena's cell; every setting is checked here, before a model is loaded or a folder touched.
     `gamma` sets KVComm's gate (default: the paper's)."""
@@ -89,8 +93,10 @@ def make_arena_cell(
         None,
         extra,
         True,
-        labels,
-        tuple(float(r) for r in rhos),
+        prompt,
+        stop,
+        selectors=labels,
+        rhos=tuple(float(r) for r in rhos),
     )
 
 
@@ -134,7 +140,9 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
     files, written = RunFiles(out, cell), []
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
-        pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
+        pipeline = Pipeline(
+            bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
+        )
         condition = cell.conditions[0]
         chunk = parse(condition).option("chunk")
         entries = make_entries(",".join(cell.selectors), chunk)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PROMPTS = ("standard", "one-shot")  # the `prompt` run setting: the turns alone, or one worked example before them
+DEFAULT_PROMPT = "standard"
+
 
 @dataclass(frozen=True)
 class RoleSet:
@@ -17,6 +20,9 @@ class RoleSet:
     final: str  # FinalRefer's system prompt
     instruction: str  # closes every agent's user turn: what to produce
     final_instruction: str  # closes the final node's user turn
+    # The `one-shot` prompt's worked example: a task in the question segment's format and its answer, shown as
+    # one exchange (user turn, answer) between the system text and the real user turn; None where there is none.
+    example: tuple[str, str] | None = None
 
 
 GSM8K = RoleSet(
@@ -92,4 +98,11 @@ SYNTHETIC = RoleSet(
     final="Read the list and the other answers, and report the value the list gives for the question.",
     instruction="Answer with the value only.",
     final_instruction="Answer with the value only.",
+    # Fields and values outside the task's eight pools and names, so an answer that copies the example is
+    # never scored right by chance, and is recognisable.
+    example=(
+        "Lena plays the violin.\nLena's favourite tool is a hammer.\nLena's boat is called Nimbus.\n\n"
+        "What tool does Lena like best?",
+        "hammer",
+    ),
 )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,7 @@ from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_ext
 from bcr_core.engine.kv import KV
 from bcr_core.engine.models import default_device, default_dtype, embedded_model_dir, load_pretrained
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
+from bcr_core.engine.stopping import StopRule
 from bcr_core.engine.windows import mask_argument
 
 
@@ -224,12 +226,22 @@ class Backbone:
 
     @torch.inference_mode()
     def generate(
-        self, kv: KV, last_id: int, max_new_tokens: int, stop_ids=None, keep_logits: bool = False, forced=None
+        self,
+        kv: KV,
+        last_id: int,
+        max_new_tokens: int,
+        stop_ids=None,
+        keep_logits: bool = False,
+        forced=None,
+        stop_rule: StopRule | None = None,
+        prior: Sequence[int] = (),
     ) -> Generation:
         """Greedy decoding from a served cache, feeding `last_id` first.
 
-        `stop_ids` default to the model's eos; pass () to never stop early. `forced` teacher-forces
-        the given continuation instead of the argmax (for next-token KL against a reference).
+        `stop_ids` default to the model's eos; pass () to never stop early. `stop_rule` (see
+        `engine.stopping`) also stops after a token, judged on `prior` (the answer's tokens decoded
+        before this request) and the tokens so far. `forced` teacher-forces the given continuation
+        instead of the argmax (for next-token KL against a reference).
         """
         stop = set(self.stop_ids if stop_ids is None else stop_ids)
         steps = max_new_tokens if forced is None else len(forced)
@@ -247,6 +259,8 @@ class Backbone:
                 return Generation(tokens, True, first_token_at, logits, cache)
             tokens.append(token)
             position += 1
+            if forced is None and stop_rule is not None and stop_rule([*prior, *tokens]):
+                return Generation(tokens, True, first_token_at, logits, cache)
         return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
 
     def forced_logits(self, kv: KV, last_id: int, tokens: list[int]) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 
 from bcr_core.engine.backbone import Backbone, Generation
 from bcr_core.engine.kv import KV, cache_over
+from bcr_core.engine.stopping import StopRule
 from bcr_core.engine.windows import mask_argument
 
 
@@ -21,8 +22,13 @@ class _Row:
     key: object
     max_new_tokens: int
     length: int  # cache rows this sequence owns (its prompt rows and the tokens fed so far)
+    stop_rule: StopRule | None = None  # `engine.stopping`, judged on `prior` + `tokens`
+    prior: tuple[int, ...] = ()
     tokens: list[int] = field(default_factory=list)
     first_token_at: float | None = None
+
+    def ended(self) -> bool:
+        return self.stop_rule is not None and self.stop_rule([*self.prior, *self.tokens])
 
 
 class BatchDecoder:
@@ -53,8 +59,9 @@ class BatchDecoder:
         return self.visible.shape[1]
 
     @torch.inference_mode()
-    def add(self, key, kv: KV, last_id: int, max_new_tokens: int) -> None:
-        """A sequence joins: its cache, the prompt's final id to feed first, its token budget."""
+    def add(self, key, kv: KV, last_id: int, max_new_tokens: int, stop_rule: StopRule | None = None, prior=()) -> None:
+        """A sequence joins: its cache, the prompt's final id to feed first, its token budget, and the
+        stop rule with the answer's tokens before this request (`Backbone.generate`'s)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1 to join a batch, got {max_new_tokens}")
         if not self.rows:
@@ -69,7 +76,7 @@ class BatchDecoder:
                 self.values[layer] = torch.cat([self.values[layer], _left_pad(kv.values[layer, :1], pad)])
             row = torch.arange(self.width, device=self.bb.device) >= pad
             self.visible = torch.cat([self.visible, row[None]])
-        self.rows.append(_Row(key, max_new_tokens, kv.length))
+        self.rows.append(_Row(key, max_new_tokens, kv.length, stop_rule, tuple(prior)))
         self.token = torch.cat([self.token, self.token.new_tensor([int(last_id)])])
         self.position = torch.cat([self.position, self.position.new_tensor([kv.next_position])])
 
@@ -99,6 +106,7 @@ class BatchDecoder:
             stopped = token in self.stop
             if not stopped:
                 row.tokens.append(token)
+                stopped = row.ended()
             if stopped or len(row.tokens) == row.max_new_tokens:
                 own = slice(self.width - row.length, self.width)
                 kv = KV(

@@ -20,6 +20,8 @@ import pandas as pd
 
 from bcr_core.conditions import SPECS, parse
 from bcr_core.data import benchmarks
+from bcr_core.data.roles import DEFAULT_PROMPT
+from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.records import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell
@@ -37,6 +39,8 @@ class Comparison:
     model: str = "default"
     pinned: str | None = None
     item_seed: int = 0  # the synthetic task's items; ignored by the other benchmarks
+    prompt: str = DEFAULT_PROMPT
+    stop: str = DEFAULT_RULE
 
     @property
     def extra(self) -> dict:
@@ -56,6 +60,8 @@ class Comparison:
             pinned=self.pinned,
             model=self.model,
             extra=self.extra,
+            prompt=self.prompt,
+            stop=self.stop,
         )
 
     @property
@@ -67,6 +73,10 @@ class Comparison:
             parts.append("pinned-" + safe_name(self.pinned))
         if self.model != "default":
             parts.append(safe_name(self.model))
+        if self.prompt != DEFAULT_PROMPT:
+            parts.append(f"prompt-{self.prompt}")
+        if self.stop != DEFAULT_RULE:
+            parts.append(f"stop-{self.stop}")
         return "-".join(parts)
 
     def matches(self, settings: dict) -> bool:
@@ -78,6 +88,8 @@ class Comparison:
             and settings.get("pinned") == self.pinned
             and settings.get("model") == self.model
             and (settings.get("extra") or {}) == self.extra
+            and settings.get("prompt", DEFAULT_PROMPT) == self.prompt
+            and settings.get("stop", DEFAULT_RULE) == self.stop
             and int(settings.get("n", 0)) >= self.n
         )
 

@@ -45,5 +45,5 @@ class OpenGateServer(KVCommServer):
         if not draft.stopped and len(tokens) < max_new_tokens:
             cache = draft.cache  # rows: the prompt's last token and all drafted tokens but the last
             grown = KV.from_cache(cache, torch.arange(cache.get_seq_length(), device=kv.keys.device))
-            tokens += (yield Decode(grown, tokens[-1], max_new_tokens - len(tokens))).tokens
+            tokens += (yield Decode(grown, tokens[-1], max_new_tokens - len(tokens), prior=tuple(tokens))).tokens
         return Served(kv, tokens, draft.first_token_at - started, time.perf_counter() - started)

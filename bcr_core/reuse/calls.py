@@ -19,6 +19,7 @@ import torch
 
 from bcr_core.engine.backbone import Backbone, Draft, Generation
 from bcr_core.engine.kv import KV
+from bcr_core.engine.stopping import StopRule
 from bcr_core.reuse.anchors import REUSE
 from bcr_core.reuse.segments import predicted_rows
 
@@ -110,10 +111,19 @@ class Decode:
     last_id: int
     max_new_tokens: int
     keep_logits: bool = False
+    prior: tuple[int, ...] = ()  # the answer's tokens decoded before this request (a continuation's)
+    stop_rule: StopRule | None = None  # set by the pipeline for every request of a call (`engine.stopping`)
 
     def now(self, bb: Backbone) -> Generation:
         """Answer the request on the spot, alone."""
-        return bb.generate(self.kv, self.last_id, self.max_new_tokens, keep_logits=self.keep_logits)
+        return bb.generate(
+            self.kv,
+            self.last_id,
+            self.max_new_tokens,
+            keep_logits=self.keep_logits,
+            stop_rule=self.stop_rule,
+            prior=self.prior,
+        )
 
 
 def drive(bb: Backbone, steps: Generator):
@@ -125,6 +135,19 @@ def drive(bb: Backbone, steps: Generator):
         except StopIteration as done:
             return done.value
         value = request.now(bb)
+
+
+def stopping(steps: Generator, stop_rule: StopRule | None) -> Generator:
+    """A server's (or a call's) steps with `stop_rule` set on every `Decode` they yield."""
+    if stop_rule is None:
+        return (yield from steps)
+    value = None
+    while True:
+        try:
+            request = steps.send(value)
+        except StopIteration as done:
+            return done.value
+        value = yield replace(request, stop_rule=stop_rule)
 
 
 def decode_call(kv: KV, last_id: int, max_new_tokens: int, started: float):

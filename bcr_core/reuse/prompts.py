@@ -37,6 +37,7 @@ class Template:
     role: str
     system: str
     user: str  # contains placeholders
+    example: tuple[str, str] | None = None  # a worked (user turn, answer) exchange before `user`, or None
 
     def __post_init__(self):
         unknown = [n for n in ANY_BRACED_NAME.findall(self.user) if not PLACEHOLDER.fullmatch("{" + n + "}")]
@@ -105,19 +106,38 @@ class Prompt:
 
 
 def base_header(tokenizer) -> str:
-    """The text between a system turn's content and a user turn's content in the chat template.
-
-    Base caches are computed behind this header alone: the released code's "empty prefix"
-    is really the user-turn header (docs/design.md §2).
-    """
+    """The text between a system turn's content and a user turn's content in the chat template."""
     sys_mark, user_mark = "\x01SYSTEM\x01", "\x02USER\x02"
     text = render(tokenizer, sys_mark, user_mark)
     return text[text.index(sys_mark) + len(sys_mark) : text.index(user_mark)]
 
 
-def render(tokenizer, system: str, user: str) -> str:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    return render_messages(tokenizer, messages)
+def begin_of_text(tokenizer) -> str:
+    """The model's begin-of-text token where its prompts open with one, else "".
+
+    A begin-of-text token opens a rendered conversation once (Llama 3's `<|begin_of_text|>`, Mistral's
+    `<s>`, Gemma's `<bos>`); a tokenizer whose "BOS" opens every turn (SmolLM2's ChatML `<|im_start|>`)
+    names a turn marker, which the user-turn header already ends with, so it adds nothing."""
+    bos = tokenizer.bos_token
+    text = render(tokenizer, "\x01SYSTEM\x01", "\x02USER\x02")
+    return bos if bos and text.startswith(bos) and text.count(bos) == 1 else ""
+
+
+def base_prefix(tokenizer) -> str:
+    """What a segment's base cache is computed behind: begin-of-text, then the user-turn header.
+
+    The released KVCOMM renders every anchor's segment as begin-of-text + user header + content
+    (`include_begin=True`) and drops the header rows by count: a segment's first token never stands
+    where the model only ever sees its begin-of-text token (the attention sink). Without it, Gemma 3
+    270M's unrepaired reuse leaves about 7x the KL to Dense (docs/design.md §2)."""
+    return begin_of_text(tokenizer) + base_header(tokenizer)
+
+
+def render(tokenizer, system: str, user: str, example: tuple[str, str] | None = None) -> str:
+    messages = [{"role": "system", "content": system}]
+    if example is not None:
+        messages += [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}]
+    return render_messages(tokenizer, [*messages, {"role": "user", "content": user}])
 
 
 def tokenize(tokenizer, text: str) -> list[int]:
@@ -126,7 +146,7 @@ def tokenize(tokenizer, text: str) -> list[int]:
 
 def build_prompt(tokenizer, template: Template, values: dict[str, str]) -> Prompt:
     """Fill a template's placeholders and tokenize it both ways."""
-    rendered = render(tokenizer, template.system, template.user)
+    rendered = render(tokenizer, template.system, template.user, template.example)
     pieces = PLACEHOLDER.split(rendered)  # text, name, text, name, ..., text
     texts, names = pieces[0::2], pieces[1::2]
     for name in names:

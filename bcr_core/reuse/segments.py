@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.kv import KV
-from bcr_core.reuse.prompts import Prompt, base_header, tokenize
+from bcr_core.reuse.prompts import Prompt, base_prefix, tokenize
 
 
 class SegmentCaches:
-    """Exact caches keyed by token content: node prefixes (at position 0) and base caches
-    (a segment behind the user-turn header alone, moved to position 0). A base is computed once
-    per distinct segment, when the segment is first seen, and shared by every call that uses it.
+    """Exact caches keyed by token content: node prefixes (at position 0) and base caches (a segment
+    behind begin-of-text and the user-turn header, `prompts.base_prefix`, moved to position 0). A base
+    is computed once per distinct segment, when the segment is first seen, and shared by every call that uses it.
 
     Anchor deviations are kept here too, keyed by the ids they were computed from: the rows of a
     dense prefill up to position p depend only on ids[:p], so two nodes (or two servers) that
@@ -25,7 +25,7 @@ class SegmentCaches:
 
     def __init__(self, bb: Backbone, max_bases: int = 256):
         self.bb = bb
-        self.header_ids = tokenize(bb.tokenizer, base_header(bb.tokenizer))
+        self.base_prefix_ids = tokenize(bb.tokenizer, base_prefix(bb.tokenizer))
         self.prefixes: dict[tuple[int, ...], KV] = {}
         self.bases: OrderedDict[tuple[int, ...], KV] = OrderedDict()
         self.max_bases = max_bases
@@ -50,8 +50,8 @@ class SegmentCaches:
         if key in self.bases:
             self.bases.move_to_end(key)
             return self.bases[key]
-        h = len(self.header_ids)
-        base = self.bb.shift(self.bb.prefill(self.header_ids + list(ids)).slice(h), -h)
+        h = len(self.base_prefix_ids)
+        base = self.bb.shift(self.bb.prefill(self.base_prefix_ids + list(ids)).slice(h), -h)
         self.bases[key] = base
         if len(self.bases) > self.max_bases:
             self.bases.popitem(last=False)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
+from bcr_core.data.roles import DEFAULT_PROMPT
+from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.runs.settings import RUN, check_run
 from bcr_core.settings import SettingError, check_setting
 
@@ -23,9 +25,13 @@ class Cell:
     reference: str | None = None  # condition the b/c splits are taken against (default: kvcomm or the first)
     extra: dict = field(default_factory=dict)  # task options (e.g. the synthetic task's seed)
     fidelity: bool = False  # also serve every call densely and record its in-situ fidelity (about 2x the work)
+    prompt: str = DEFAULT_PROMPT  # the templates' form (`data.roles.PROMPTS`)
+    stop: str = DEFAULT_RULE  # the rule every call's decoding ends by (`engine.stopping.RULES`)
 
     def __post_init__(self):
         check_setting("n", self.n, RUN["n"].kind)
+        check_setting("prompt", self.prompt, RUN["prompt"].kind)
+        check_setting("stop", self.stop, RUN["stop"].kind)
         parsed = [parse(c) for c in self.conditions]
         seen: dict[tuple, str] = {}
         for c in parsed:
@@ -68,12 +74,16 @@ def make_cell(
     seeds: list[int] | None = None,
     item_seed: int = 0,
     fidelity: bool = False,
+    *,
+    prompt: str = DEFAULT_PROMPT,
+    stop: str = DEFAULT_RULE,
 ) -> Cell:
     """The cell `bcr run` runs for these settings (each cell of `bcr grid` too): coin conditions
     without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`.
     Every setting is checked first by the one validator (`runs.settings.check_run`): an error names its key."""
     given = dict(benchmark=benchmark, agents=agents, conditions=conditions, n=n, max_new_tokens=max_new_tokens)
     given |= dict(pinned=pinned, model=model, reference=reference, seeds=seeds, item_seed=item_seed, fidelity=fidelity)
+    given |= dict(prompt=prompt, stop=stop)
     checked = check_run(given)
     conditions, seeds = checked["conditions"], checked["seeds"]
     if seeds and not any(c.startswith("coin-") for c in conditions):
@@ -92,4 +102,6 @@ def make_cell(
         reference,
         extra,
         fidelity,
+        checked["prompt"],
+        checked["stop"],
     )

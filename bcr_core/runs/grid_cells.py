@@ -134,6 +134,8 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
             settings["seeds"],
             settings["item_seed"],
             settings["fidelity"],
+            prompt=settings["prompt"],
+            stop=settings["stop"],
         )
     except SettingError as err:
         shown_as = "" if err.label == cli_label(err.key) else f"{err.label}: "  # e.g. `condition LABEL: `

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bcr_core.data.roles import DEFAULT_PROMPT
+from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
 from bcr_core.records import append_jsonl, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
@@ -234,9 +236,17 @@ def read_settings(path: Path) -> dict:
     return found
 
 
+# Settings added after runs were committed, at the value every earlier run had: a folder written before
+# one existed holds no key for it, and one at that value writes none, so both keep one identity.
+LATER_SETTINGS = {"prompt": DEFAULT_PROMPT, "stop": DEFAULT_RULE}
+
+
 def identity(settings: dict) -> dict:
-    """A run's identity: the settings that change its records (not the b/c reference)."""
-    return {k: v for k, v in settings.items() if k != "reference"}
+    """A run's identity: the settings that change its records (not the b/c reference); a later setting
+    at its earlier value is left out (`LATER_SETTINGS`)."""
+    return {
+        k: v for k, v in settings.items() if k != "reference" and not (k in LATER_SETTINGS and v == LATER_SETTINGS[k])
+    }
 
 
 def process_alive(pid: int) -> bool:

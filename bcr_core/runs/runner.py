@@ -104,7 +104,9 @@ def run_cell(
     files, written = RunFiles(out, cell), []
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
-        pipeline = Pipeline(bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned)
+        pipeline = Pipeline(
+            bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
+        )
         servers = {c: make_server(bb, c) for c in cell.conditions}
         files.settle()
         stateful = {c for c, server in servers.items() if not server.stateless}

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from bcr_core.agents.graph import full_connected
 from bcr_core.data.benchmarks import NAMES
+from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
+from bcr_core.engine.stopping import DEFAULT_RULE, RULES
 from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.conditions import parse, split_conditions
 from bcr_core.settings import Bool, Int, Kind, ListOf, Optional, Setting, SettingError, Str, check_setting, cli_label
@@ -69,6 +71,8 @@ RUN: dict[str, Setting] = {
     "item_seed": Setting(Int(0), 0),
     "batch": Setting(Int(1), 1),
     "fidelity": Setting(Bool(), False),
+    "prompt": Setting(Str(PROMPTS), DEFAULT_PROMPT),
+    "stop": Setting(Str(RULES), DEFAULT_RULE),
 }
 
 
@@ -82,7 +86,7 @@ def check_run(settings: dict, label=cli_label) -> dict:
     full = {key: s.default for key, s in RUN.items()} | checked
     if "benchmark" in full and full["benchmark"] is not None:
         try:
-            full_connected(full["benchmark"], full["agents"], full["pinned"])
+            full_connected(full["benchmark"], full["agents"], full["pinned"], full["prompt"])
         except SettingError as err:
             raise err.relabel(label(err.key)) from None
     return checked
