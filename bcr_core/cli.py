@@ -13,6 +13,7 @@ from pathlib import Path
 from bcr_core import paper
 from bcr_core.commands import (
     cmd_arena,
+    cmd_calibrate,
     cmd_demo,
     cmd_explore,
     cmd_grid,
@@ -143,6 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_prompt_and_stop(arena)
     add_common(arena)
     arena.set_defaults(run=cmd_arena)
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="choose a model's prompt and stop rule before a grid: Dense's pipeline under each candidate, on "
+        "items of another seed, with the no-record control and the seam share",
+    )
+    calibrate.add_argument("--out", type=Path, required=True, help="folder for records.jsonl and table.csv; resumes")
+    calibrate.add_argument("--n", type=int, default=50, help="items per candidate")
+    calibrate.add_argument("--item-seed", type=int, default=1, help="seed of the synthetic items (not the grid's)")
+    calibrate.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
+    calibrate.add_argument("--max-new-tokens", type=int, default=8)
+    add_common(calibrate)
+    calibrate.set_defaults(run=cmd_calibrate)
 
     grid = sub.add_parser("grid", help="many cells from a TOML file, in this process or on Ray; one combined table")
     grid.add_argument("file", type=Path, help="TOML: a [defaults] table of `bcr run` settings, one [cells.NAME] each")

@@ -129,6 +129,20 @@ def cmd_arena(args) -> int:
     return print_table(table, args, digits=4)
 
 
+def cmd_calibrate(args) -> int:
+    from bcr_core.probes.calibration import GOAL, calibrate, choose
+
+    table = calibrate(load_backbone(args.model), args.out, args.n, args.item_seed, args.agents, args.max_new_tokens)
+    chosen = choose(table)
+    reached = "reaches" if chosen.dense_accuracy >= GOAL else "does not reach"
+    print(
+        f"bcr calibrate: chosen --prompt {chosen.prompt} --stop {chosen.stop} (Dense accuracy "
+        f"{chosen.dense_accuracy:.0%}, no-record {chosen.no_record_accuracy:.0%}); it {reached} the goal of {GOAL:.0%}",
+        file=sys.stderr,
+    )
+    return print_table(table, args, digits=3)
+
+
 def cmd_grid(args) -> int:
     from bcr_core.runs.grid import run_grid
     from bcr_core.runs.grid_cells import combined_table, read_grid

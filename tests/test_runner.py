@@ -171,3 +171,36 @@ def test_shared_prefills_compute_each_prompt_once_and_never_change_it(tiny_chat)
     fresh = tiny_chat.prefill(prompt.merged_ids[:-1])
     kept = shared(prompt.merged_ids[:-1])
     assert torch.equal(kept.keys, fresh.keys) and torch.equal(kept.values, fresh.values)
+
+
+def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(tmp_path):
+    """A folder written before `prompt` and `stop` existed holds neither key and still is the default cell's;
+    a cell with another prompt or stop rule writes them and is refused by that folder."""
+    import json
+    import shutil
+
+    from bcr_core.errors import UsageError
+    from bcr_core.paths import RESULTS
+    from bcr_core.runs.cell import make_cell
+    from bcr_core.settings import SettingError
+
+    committed = json.loads((RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json").read_text())
+    assert "prompt" not in committed and "stop" not in committed
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json", old / "cell.json")
+    conditions = committed["conditions"]
+    same = make_cell("synthetic", 3, conditions, 100, 8, model="gemma-3-270m")
+    run_files.check_folder(old, same)  # the same run: no error
+    for changed in (dict(stop="line"), dict(prompt="one-shot")):
+        with pytest.raises(UsageError, match="holds a run with other settings"):
+            run_files.check_folder(old, make_cell("synthetic", 3, conditions, 100, 8, model="gemma-3-270m", **changed))
+
+    new = make_cell("synthetic", 2, ["dense"], 2, 4, prompt="one-shot", stop="line")
+    files = run_files.RunFiles(tmp_path / "new", new)
+    files.settle()
+    files.release()
+    written = json.loads((tmp_path / "new" / "cell.json").read_text())
+    assert (written["prompt"], written["stop"]) == ("one-shot", "line")
+    with pytest.raises(SettingError, match="stop"):
+        make_cell("synthetic", 2, ["dense"], 2, 4, stop="para")

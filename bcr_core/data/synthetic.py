@@ -257,6 +257,11 @@ def _make_item(rng: random.Random, item_id: str, n_records: int) -> dict:
     }
 
 
+def question_only(item: dict) -> str:
+    """The item's question without its record list: the no-record control, which only a guess answers."""
+    return item["question"].rsplit("\n\n", 1)[1]
+
+
 def _mention(text: str, value: str) -> int | None:
     """Offset of the first whole-word, case-insensitive mention of `value`, or None."""
     match = re.search(rf"(?<![\w]){re.escape(value)}(?![\w])", text, flags=re.IGNORECASE)

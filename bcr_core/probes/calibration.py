@@ -1,0 +1,132 @@
+"""Choosing the prompt and stop rule a model's grid runs under, before the grid runs (`bcr calibrate`).
+
+Each candidate (a `prompt` and a `stop` rule, `data.roles.PROMPTS` x `engine.stopping.RULES`) serves Dense's
+multi-agent pipeline on synthetic items of an item seed the grid never uses, twice per item: with the record
+list (the task) and without it (the no-record control: the question alone, scored against the same record
+values, so a prompt that lets the model answer without reading scores above chance there). Beside each
+candidate's accuracy stands its seam share: the share of calls whose reuse-path ids equal Dense's, so a
+candidate that hides the tokenization seam shows it.
+
+The rule (`choose`), fixed before any candidate is run: the candidate with the highest Dense accuracy whose
+no-record accuracy is at most `NO_RECORD_MAX`; the goal is a Dense accuracy of at least `GOAL`. Records are
+appended per item and a rerun resumes them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from bcr_core.agents.pipeline import Pipeline
+from bcr_core.analysis.stats import wilson_ci
+from bcr_core.data import benchmarks, synthetic
+from bcr_core.data.roles import PROMPTS
+from bcr_core.engine.stopping import RULES
+from bcr_core.errors import UsageError
+from bcr_core.records import append_jsonl, numbered_jsonl, rewrite_jsonl
+from bcr_core.reuse.servers import DenseServer
+
+CANDIDATES = tuple((prompt, stop) for prompt in PROMPTS for stop in RULES)
+CONTROLS = ("records", "no-records")
+GOAL = 0.5  # Dense accuracy in the pipeline the chosen candidate should reach
+NO_RECORD_MAX = 0.10  # near chance: the record values are eight, one of them right, and most answers name none
+RECORDS = "records.jsonl"
+
+
+def calibrate(
+    bb,
+    out: Path,
+    n: int = 50,
+    item_seed: int = 1,
+    agents: int = 3,
+    max_new_tokens: int = 8,
+    candidates=CANDIDATES,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run (or resume) every candidate on the first `n` items of `item_seed`; returns `calibration_table`."""
+    if n < 1:
+        raise UsageError(f"--n must be >= 1, got {n}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RECORDS
+    rows, torn = numbered_jsonl(path)
+    records = [row for _, row in rows]
+    if torn:
+        rewrite_jsonl(path, records)
+    settings = {"agents": agents, "max_new_tokens": max_new_tokens, "item_seed": item_seed}
+    for row in records:
+        if {key: row[key] for key in settings} != settings:
+            raise UsageError(f"{path} holds records of other settings ({row}); use another --out")
+    done = {(r["prompt"], r["stop"], r["control"], r["item_id"]) for r in records}
+    items = benchmarks.load_items("synthetic", n, seed=item_seed)
+    bar = tqdm(total=len(candidates) * len(items) * len(CONTROLS), initial=len(done), disable=not progress)
+    for prompt, stop in candidates:
+        pipeline = Pipeline(bb, "synthetic", agents, max_new_tokens, prompt=prompt, stop=stop)
+        for index, item in enumerate(items):
+            for control in CONTROLS:
+                if (prompt, stop, control, item["id"]) in done:
+                    continue
+                question = item["question"] if control == "records" else synthetic.question_only(item)
+                request = pipeline.run(DenseServer(bb), item["id"], question)
+                record = settings | {
+                    "prompt": prompt,
+                    "stop": stop,
+                    "control": control,
+                    "item_id": item["id"],
+                    "index": index,
+                    "correct": bool(synthetic.score_answer(request.final_text, item)["correct"]),
+                    "calls": [
+                        {
+                            "node": c.node,
+                            "output_text": c.output_text,
+                            "tokens": len(c.output_tokens),
+                            "ids_match": c.dense_ids == c.merged_ids,
+                        }
+                        for c in request.calls
+                    ],
+                }
+                append_jsonl(path, [record])
+                records.append(record)
+                bar.update(1)
+    bar.close()
+    table = calibration_table(records)
+    table.to_csv(out / "table.csv", index=False)
+    return table
+
+
+def calibration_table(records: list[dict]) -> pd.DataFrame:
+    """Per candidate: items, Dense accuracy (the final answer's) with its Wilson 95% interval, the no-record
+    accuracy, and over the task's calls the share whose reuse-path ids equal Dense's and the mean answer
+    length in tokens."""
+    frame = pd.DataFrame(records)
+    rows = []
+    for (prompt, stop), group in frame.groupby(["prompt", "stop"], sort=False):
+        task = group[group.control == "records"]
+        control = group[group.control == "no-records"]
+        calls = [c for calls in task.calls for c in calls]
+        k, m = int(task.correct.sum()), len(task)
+        lo, hi = wilson_ci(k, m)
+        rows.append(
+            {
+                "prompt": prompt,
+                "stop": stop,
+                "items": m,
+                "dense_accuracy": k / m,
+                "dense_accuracy_lo": lo,
+                "dense_accuracy_hi": hi,
+                "no_record_accuracy": float(control.correct.mean()) if len(control) else float("nan"),
+                "ids_match_share": sum(c["ids_match"] for c in calls) / len(calls),
+                "tokens_per_call": sum(c["tokens"] for c in calls) / len(calls),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def choose(table: pd.DataFrame) -> pd.Series:
+    """The rule in the module docstring: the most accurate candidate whose no-record accuracy is near chance
+    (the least accurate no-record one if none is)."""
+    near_chance = table[table.no_record_accuracy <= NO_RECORD_MAX]
+    pool = near_chance if len(near_chance) else table.nsmallest(1, "no_record_accuracy")
+    return pool.sort_values("dense_accuracy", ascending=False, kind="stable").iloc[0]

@@ -1,0 +1,94 @@
+"""`bcr calibrate`: a candidate's records (task and no-record control per item), resumed without repeats, and its
+table recomputed by hand from the records, on a tiny model and on the committed calibration."""
+
+import json
+
+import pytest
+
+from bcr_core.data import synthetic
+from bcr_core.errors import UsageError
+from bcr_core.paths import RESULTS
+from bcr_core.probes import calibration
+from bcr_core.probes.calibration import calibrate, calibration_table, choose
+
+COMMITTED = RESULTS / "prompt-calibration-gemma-3-270m"
+
+
+def by_hand(records: list[dict]) -> dict:
+    """Each candidate's numbers counted with plain loops over its records."""
+    found = {}
+    for r in records:
+        entry = found.setdefault((r["prompt"], r["stop"]), {"right": 0, "items": 0, "blind": [], "calls": []})
+        if r["control"] == "records":
+            entry["right"] += r["correct"]
+            entry["items"] += 1
+            entry["calls"] += r["calls"]
+        else:
+            entry["blind"].append(r["correct"])
+    return {
+        key: {
+            "items": e["items"],
+            "dense_accuracy": e["right"] / e["items"],
+            "no_record_accuracy": sum(e["blind"]) / len(e["blind"]),
+            "ids_match_share": sum(c["ids_match"] for c in e["calls"]) / len(e["calls"]),
+            "tokens_per_call": sum(c["tokens"] for c in e["calls"]) / len(e["calls"]),
+        }
+        for key, e in found.items()
+    }
+
+
+def assert_table_is(table, expected: dict) -> None:
+    assert len(table) == len(expected)
+    for row in table.itertuples():
+        for column, value in expected[(row.prompt, row.stop)].items():
+            assert getattr(row, column) == pytest.approx(value, abs=1e-9), column
+
+
+def test_the_no_record_control_keeps_the_question_and_drops_every_record():
+    item = synthetic.make_items(1, seed=3)[0]
+    alone = synthetic.question_only(item)
+    assert item["question"].endswith("\n\n" + alone) and "\n" not in alone
+    assert not any(value in alone for _, value in item["records"])
+
+
+def test_calibrate_records_each_candidate_resumes_and_tabulates_its_own_records(tiny_chat, tmp_path):
+    candidates = [("standard", "line"), ("one-shot", "eos")]
+    table = calibrate(tiny_chat, tmp_path, n=2, agents=2, max_new_tokens=3, candidates=candidates, progress=False)
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 2 * 2 * 2  # candidates x items x (task, no-record control)
+    assert all(len(r["calls"]) == 3 and all(c["tokens"] <= 3 for c in r["calls"]) for r in records)
+    assert_table_is(table, by_hand(records))
+    again = calibrate(tiny_chat, tmp_path, n=2, agents=2, max_new_tokens=3, candidates=candidates, progress=False)
+    assert (tmp_path / "records.jsonl").read_text().splitlines() == lines  # nothing served twice
+    assert again.equals(table)
+    with pytest.raises(UsageError, match="records of other settings"):
+        calibrate(tiny_chat, tmp_path, n=2, agents=2, max_new_tokens=4, candidates=candidates, progress=False)
+
+
+def test_choose_takes_the_most_accurate_candidate_near_chance_without_records():
+    table = calibration_table(
+        [
+            {"prompt": p, "stop": s, "control": c, "correct": ok, "calls": [{"ids_match": True, "tokens": 1}]}
+            for p, s, c, ok in [
+                ("a", "eos", "records", True),
+                ("a", "eos", "no-records", True),  # answers without reading: never chosen
+                ("b", "eos", "records", False),
+                ("b", "eos", "no-records", False),
+                ("c", "line", "records", True),
+                ("c", "line", "no-records", False),
+            ]
+        ]
+    )
+    assert (choose(table).prompt, choose(table).stop) == ("c", "line")
+    assert calibration.NO_RECORD_MAX < 1 / 8 + 0.05 and calibration.GOAL == 0.5
+
+
+@pytest.mark.skipif(not COMMITTED.exists(), reason="no committed calibration")
+def test_the_committed_calibration_table_is_its_records():
+    records = [json.loads(line) for line in (COMMITTED / "records.jsonl").read_text().splitlines()]
+    import pandas as pd
+
+    assert_table_is(pd.read_csv(COMMITTED / "table.csv"), by_hand(records))
+    assert {r["item_seed"] for r in records} == {1}  # never the grid's items (seed 0)
+    assert all(v["items"] <= 50 for v in by_hand(records).values())
