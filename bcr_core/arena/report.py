@@ -21,12 +21,18 @@ def selector_markdown(frame: pd.DataFrame) -> str:
     table = measures.selector_table(frame)
     held = table.set_index("selector")["items"].get(measures.OURS, 0)
     shares = measures.gap_share(frame)[1].set_index("selector")
+    reference = measures.ceiling_of(table["selector"])
+    share_head = (
+        "share of the searched ceiling's gain [95% CI]"
+        if measures.is_searched(reference)
+        else f"gain as a share of `{reference}`'s [95% CI]"
+    )
     lines = [
         f"On {table['items'].max()} items, {frame.drop_duplicates(['item_id', 'node']).shape[0]} assembled calls, "
         "every selector at BCR-chunk's own row count on each call "
         f"(`{measures.OURS}` on the {held} items of the second half only, as pre-registered):",
         "",
-        "| selector | KL to Dense per item [95% CI] | share of the achievable gain [95% CI] | first-token agree % | "
+        f"| selector | KL to Dense per item [95% CI] | {share_head} | first-token agree % | "
         "identical continuation % | rows / call | wasted rows / call | passes | ms / call |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
