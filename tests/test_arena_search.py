@@ -175,3 +175,20 @@ def test_records_that_call_the_kv_error_rankings_oracles_read_under_todays_names
     assert list(frame["selector"]) == ["kv-error", "kv-error-attn", "kv-error:rank=predicted", "coin:seed=0"]
     assert frame["kl"].tolist() == [0.1] * 4 and frame["passes"].tolist() == [1] * 4
     assert measures.ceiling_of(measures.per_item(frame).columns) == "kv-error"
+
+
+def test_the_gap_share_is_read_against_the_searched_ceiling_where_the_records_hold_it():
+    from tests.test_arena import fake_calls
+
+    kl = {"searched": [0.1, 0.2, 0.1, 0.2], "kv-error": [0.3, 0.2, 0.5, 0.4], "coin:seed=0": [1.0, 1.2, 0.9, 1.1]}
+    kl["draft"] = [0.55, 0.7, 0.6, 0.8]
+    per, overall = measures.gap_share(measures.arena_frame(fake_calls(kl)))
+    coin, ceiling_kl = kl["coin:seed=0"], kl["searched"]
+    for name in ("draft", "kv-error"):  # (coin - selector) / (coin - searched), per item and of the means
+        written = [(c - v) / (c - s) for c, v, s in zip(coin, kl[name], ceiling_kl)]
+        assert per[name].tolist() == pytest.approx(written)
+        mean = lambda v: sum(v) / len(v)
+        share = (mean(coin) - mean(kl[name])) / (mean(coin) - mean(ceiling_kl))
+        row = overall.set_index("selector").loc[name]
+        assert row["gap_share"] == pytest.approx(share) and row["lo"] <= share <= row["hi"]
+    assert overall.set_index("selector").loc["searched", "gap_share"] == pytest.approx(1.0)
