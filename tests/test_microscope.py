@@ -66,9 +66,9 @@ def test_every_lane_spends_the_layouts_rows_by_its_own_rule(served):
         # seams: every segment's first row, then every second row, ..., in prompt order at each depth
         by_depth = sorted((j - start, j) for start, stop in pieces for j in range(start, stop))
         assert drawn.picks["seams"] == sorted(j for _, j in by_depth[: drawn.count])
-        # the oracle in the chunk unit: no chunk left out has more mean true error than one taken whole
+        # kv-error in the chunk unit: no chunk left out has more mean true error than one taken whole
         chunks = [set(range(c, min(c + 8, view.rows))) for c in range(0, view.rows, 8)]
-        taken = set(drawn.picks["oracle"])
+        taken = set(drawn.picks["kv-error"])
         whole = [c for c in chunks if c <= taken]
         untouched = [c for c in chunks if not c & taken]
         mean = [sum(drawn.error[j] for j in c) / len(c) for c in chunks]  # Algorithm 1: a chunk by its mean

@@ -15,8 +15,14 @@ one call are stacked along the cache's batch dimension, `BATCH` per forward thro
 definition; `first_token_agree`; `identical`, the copy's argmax equal to Dense's token at every
 step (and, where Dense stopped before its token limit, a stop token at the step after), so the
 greedy continuation from the copy is Dense's; `rows` and `rows_wasted` (rows KVComm did not
-predict: the agent's exact prefix, where repair changes nothing). Per selector and call: its own
-cost, `passes` (model forwards) and `ms` (the oracles' include the exact prefill).
+predict: the agent's exact prefix, where repair changes nothing), and `runs`, the rows themselves
+as runs of consecutive rows ([[start, stop), ...]). Per selector and call: its own cost, `passes`
+(model forwards) and `ms` (the K/V-error rankings' include the exact prefill).
+
+`searched` (`bcr_core.arena.search`) is no ranking: after every selector is measured, it searches
+each budget's row sets on the measured KL itself, seeded by the selectors' sets at that count; its
+`passes` are the sets it measured (each a repair and a share of a batched forward), its `ms` the
+search's time and the exact prefill.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bcr_core.arena import search
 from bcr_core.arena.context import CallContext
 from bcr_core.arena.registry import Entry
 from bcr_core.engine.kv import KV
@@ -100,7 +107,9 @@ def spend(entry: Entry, scores: torch.Tensor, candidates: torch.Tensor, rows: in
 
 
 def run_call(bb, call: ArenaCall, reference: DenseReference, entries: list[Entry], rhos, chunk: int) -> dict:
-    """Every selector on one call at every budget; returns {"entries": [...], "cost": {...}}."""
+    """Every selector on one call at every budget; returns {"entries": [...], "cost": {...}}, plus,
+    with a `searched` entry, `search` (its record per budget) and `token_matched` (the exact cache
+    of the same ids, measured: the floor every repair of this cache reaches at every row)."""
     kv, ids, m = call.kv, call.ids, call.kv.length
     predicted = set(predicted_rows(call.spans, m))
     exact_ms, exact = timed(lambda: bb.prefill(ids[:-1])) if any(e.reads_exact for e in entries) else (0.0, None)
@@ -108,19 +117,33 @@ def run_call(bb, call: ArenaCall, reference: DenseReference, entries: list[Entry
     budgets = counts(call.paired_rows, m, rhos)
     chosen: list[tuple[dict, tuple[int, ...]]] = []
     cost = {}
-    for entry in entries:
+    for entry in (e for e in entries if not e.searched):
         candidates = entry.candidates(m, call.spans)
         ms, ranking = timed(lambda entry=entry, c=candidates: entry.rank(bb, kv, ids[:-1], ids[-1], c, context))
         cost[entry.label] = {"passes": entry.passes, "ms": ms + (exact_ms if entry.reads_exact else 0.0)}
         for budget, count in budgets.items():
             rows = spend(entry, ranking.scores.detach().cpu(), candidates, count, chunk) if count else []
-            wasted = sum(j not in predicted for j in rows)
-            chosen.append(
-                ({"selector": entry.label, "budget": budget, "rows": len(rows), "rows_wasted": wasted}, tuple(rows))
-            )
+            chosen.append(({"selector": entry.label, "budget": budget, "rows": len(rows)}, tuple(rows)))
     measured = measure_copies(bb, kv, ids, reference, [(), *(rows for _, rows in chosen)])
-    out = [entry | measured[rows] for entry, rows in chosen]
-    return {"cached_rows": m, "unrepaired": measured[()], "entries": out, "cost": cost}
+    out = {"cached_rows": m, "unrepaired": measured[()], "cost": cost}
+
+    def evaluate(sets):  # KL of each set, measured `BATCH` copies per forward, kept with the rest
+        measured.update(measure_copies(bb, kv, ids, reference, sets))
+        return [measured[rows]["kl"] for rows in sets]
+
+    for entry in (e for e in entries if e.searched):
+        started, records = time.perf_counter(), {}
+        for budget, count in budgets.items():
+            seeds = {rows: measured[rows]["kl"] for e, rows in chosen if e["budget"] == budget and len(rows) == count}
+            rows, records[budget] = search.search(evaluate, seeds, m, count, chunk, **entry.options)
+            chosen.append(({"selector": entry.label, "budget": budget, "rows": len(rows)}, rows))
+        spent = sum(r["evaluations"] for r in records.values())
+        cost[entry.label] = {"passes": spent, "ms": 1000 * (time.perf_counter() - started) + exact_ms}
+        out |= {"search": out.get("search", {}) | {entry.label: records}}
+        out["token_matched"] = reference.measure(exact, ids[-1])
+    wasted = lambda rows: sum(j not in predicted for j in rows)
+    out["entries"] = [e | {"rows_wasted": wasted(r)} | measured[r] | {"runs": search.runs(r)} for e, r in chosen]
+    return out
 
 
 def measure_copies(bb, kv, ids, reference: DenseReference, row_sets, batch: int = BATCH) -> dict:

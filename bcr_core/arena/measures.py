@@ -7,15 +7,20 @@
 - `selector_table`: per selector at one budget, the mean of per-item KL with its 95% bootstrap
   interval over items, first-token agreement and identical continuations (per call), rows and
   rows wasted per call, and the selector's own cost (passes, ms).
-- `gap_share`: the share of the achievable gain, (coin - selector) / (coin - oracle), per item
-  (items where the oracle gains nothing over the coin left out) and overall (of the means, with
-  a bootstrap interval over items).
+- `gap_share`: the share of the achievable gain, (coin - selector) / (coin - searched), per item
+  (items where the ceiling gains nothing over the coin left out) and overall (of the means, with
+  a bootstrap interval over items). `searched` is the arena's ceiling; records without it (written
+  before it existed) are read against `kv-error`, the K/V-error ranking, which is not a ceiling:
+  shares above 100% then say a selector beats it, and the tables name the reference.
 - `frontier`: per selector and budget of the sweep, rows per call against per-item KL.
 - `verdicts`: every selector against the draft and against the coin, per-item KL differences by a
   sign-flip test over items with a bootstrap interval (`protocol.mean_claim`), the whole table one
   Holm family (`protocol.decide`). `ours` is pre-registered: its rows are read on the second half of
   the run's items (item index >= n / 2, n the run's items) only, whatever they say; the others on
-  every item.
+  every item. `searched` is in no verdict: it is at most every selector's KL by construction.
+
+Stored labels are read under today's names (`registry.current_label`: records written before the
+rename call the K/V-error rankings `oracle` and `oracle-attn`); nothing else in them changes.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import pandas as pd
 from bcr_core.analysis import inference as inf
 from bcr_core.analysis.protocol import Verdict, decide, mean_claim
 from bcr_core.arena.copies import PAIRED
+from bcr_core.arena.registry import current_label
 from bcr_core.errors import UsageError
 
-COIN, DRAFT, ORACLE, OURS = "coin", "draft", "oracle", "ours"
+COIN, DRAFT, KV_ERROR, OURS, SEARCHED = "coin", "draft", "kv-error", "ours", "searched"
 HELD_OUT = "second half of the items (pre-registered)"
 
 
@@ -43,7 +49,8 @@ def arena_frame(calls: list[dict]) -> pd.DataFrame:
         where |= {"index": arena["item_index"], "items": arena["items"]}
         for entry in arena["entries"]:
             cost = arena["cost"][entry["selector"]]
-            rows.append(where | entry | {"passes": cost["passes"], "ms": cost["ms"]})
+            label = {"selector": current_label(entry["selector"])}
+            rows.append(where | entry | label | {"passes": cost["passes"], "ms": cost["ms"]})
     if not rows:
         raise UsageError("no call served from an assembled cache holds arena measures")
     return pd.DataFrame(rows)
@@ -51,6 +58,10 @@ def arena_frame(calls: list[dict]) -> pd.DataFrame:
 
 def is_coin(label: str) -> bool:
     return label.split(":")[0] == COIN
+
+
+def is_searched(label: str) -> bool:
+    return label.split(":")[0] == SEARCHED
 
 
 def per_item(frame: pd.DataFrame, budget: str = PAIRED, measure: str = "kl") -> pd.DataFrame:
@@ -105,15 +116,27 @@ def selector_table(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     return table.sort_values("kl_per_item", kind="stable").reset_index(drop=True)
 
 
+def ceiling_of(columns) -> str:
+    """The gap share's reference: `searched` (whatever its options) where the records hold it, else
+    `kv-error`."""
+    columns = list(columns)
+    found = [c for c in columns if is_searched(c)]
+    if found:
+        return found[0]
+    if KV_ERROR in columns:
+        return KV_ERROR
+    raise UsageError("the gap share needs `searched` (or, in older records, `kv-error`) among the selectors")
+
+
 def gap_share(frame: pd.DataFrame, budget: str = PAIRED) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per item, overall): (coin - selector) / (coin - oracle). Per item only where the oracle's
-    KL lies below the coin's; overall the ratio of the means over items, with a bootstrap 95%
-    interval over items (resampling items, the ratio of the resampled means); `ours` on the second
-    half of the items, as pre-registered."""
+    """(per item, overall): (coin - selector) / (coin - ceiling), the ceiling `ceiling_of` the
+    selectors. Per item only where the ceiling's KL lies below the coin's; overall the ratio of the
+    means over items, with a bootstrap 95% interval over items (resampling items, the ratio of the
+    resampled means); `ours` on the second half of the items, as pre-registered."""
     kl = per_item(registered(frame), budget)
-    if COIN not in kl or ORACLE not in kl:
-        raise UsageError("the gap share needs the coin and the oracle among the selectors")
-    gain = kl[COIN] - kl[ORACLE]
+    if COIN not in kl:
+        raise UsageError("the gap share needs the coin among the selectors")
+    gain = kl[COIN] - kl[ceiling_of(kl.columns)]
     per = kl.drop(columns=[COIN]).rsub(kl[COIN], axis=0).div(gain.where(gain > 0), axis=0)
     overall = []
     for selector in per.columns:
@@ -171,7 +194,7 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     for against in (DRAFT, COIN):
         if against not in kl:
             continue
-        for selector in [c for c in kl.columns if c != against]:
+        for selector in [c for c in kl.columns if c != against and not is_searched(c)]:
             items = held_out(kl, frame) if selector == OURS else kl
             gain = (items[against] - items[selector]).to_numpy()  # + = the selector leaves less KL
             test = f"{selector} vs {against}: per-item mean KL at the {budget} count, sign-flip over items"

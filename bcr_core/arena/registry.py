@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from bcr_core import paper
+from bcr_core.arena import search
 from bcr_core.arena import selectors as arena_selectors
 from bcr_core.arena.context import CallContext
 from bcr_core.conditions import Option, split_conditions
@@ -30,8 +31,8 @@ from bcr_core.settings import Int, Str
 
 RANK = {"rank": Option(Str(RANKS), "all", "all: every cached row; predicted: only rows KVComm predicted")}
 OPTIONS: dict[str, dict[str, Option]] = {
-    "oracle": RANK,
-    "oracle-attn": RANK,
+    "kv-error": RANK,
+    "kv-error-attn": RANK,
     "draft": RANK | {"k": Option(Int(1), paper.DRAFT_TOKENS, "drafted tokens")},
     "coin": RANK | {"seed": Option(Int(), 0, "the coin's seed")},
     "cacheblend": RANK | {"layer": Option(Int(1), 1, "the check layer")},
@@ -39,10 +40,16 @@ OPTIONS: dict[str, dict[str, Option]] = {
     "seams": {},
     "window": {},
     "ours": RANK,
+    "searched": {
+        "cap": Option(Int(1), search.CAP, "enumerate the chunk layout's sets when at most this many"),
+        "evals": Option(Int(0), search.EVALS, "the local search's evaluations per call and budget"),
+    },
 }
+# names records written before the rename hold: the K/V-error rankings were called oracles
+RENAMED = {"oracle": "kv-error", "oracle-attn": "kv-error-attn"}
 DEFAULT = (
-    "oracle,oracle-attn,draft,draft:rank=predicted,coin:seed=0,coin:seed=1,coin:seed=2,"
-    "cacheblend,cacheblend:layer=3,cacheblend:layer=8,question,seams,window,ours"
+    "kv-error,kv-error-attn,draft,draft:rank=predicted,coin:seed=0,coin:seed=1,coin:seed=2,"
+    "cacheblend,cacheblend:layer=3,cacheblend:layer=8,question,seams,window,ours,searched"
 )
 
 
@@ -58,6 +65,7 @@ class Entry:
     passes: int
     reads_exact: bool = False
     rank_rows: str = "all"
+    searched: bool = False  # not a ranking: `arena.search` finds its rows on the measured KL
 
     def candidates(self, m: int, spans: list[dict]) -> torch.Tensor:
         if self.rank_rows == "all":
@@ -72,9 +80,15 @@ class Entry:
         return rule.rank(bb, kv, ids, last_id, rows, context=context)
 
 
+def current_label(label: str) -> str:
+    """A stored selector label under today's name (`oracle:rank=predicted` -> `kv-error:rank=predicted`)."""
+    head, colon, tail = label.partition(":")
+    return RENAMED.get(head, head) + colon + tail
+
+
 def parse_spec(spec: str) -> tuple[str, dict]:
     head, _, tail = spec.strip().partition(":")
-    name = head.strip()
+    name = RENAMED.get(head.strip(), head.strip())
     if name not in OPTIONS:
         raise UsageError(f"unknown selector {name!r}; known: {', '.join(OPTIONS)}")
     options = {}
@@ -125,9 +139,11 @@ def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
     if name == "cacheblend":
         selector = CacheBlendSelector(options.get("layer", 1))
         return Entry(label, name, options, lambda c: selector, False, 1, rank_rows=rank_rows)
+    if name == "searched":
+        return Entry(label, name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
     cls = {
-        "oracle": arena_selectors.OracleSelector,
-        "oracle-attn": arena_selectors.AttentionOracleSelector,
+        "kv-error": arena_selectors.KVErrorSelector,
+        "kv-error-attn": arena_selectors.AttendedKVErrorSelector,
         "question": arena_selectors.QuestionSelector,
         "seams": arena_selectors.SeamsSelector,
         "window": arena_selectors.WindowSelector,
@@ -135,7 +151,7 @@ def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
     }[name]
     selector = cls()
     return Entry(
-        label, name, options, lambda c: selector, cls.row_rule, cls.passes, name.startswith("oracle"), rank_rows
+        label, name, options, lambda c: selector, cls.row_rule, cls.passes, name.startswith("kv-error"), rank_rows
     )
 
 

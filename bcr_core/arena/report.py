@@ -10,23 +10,32 @@ then the transfer table: every verdict per model, each model's table its own Hol
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pandas as pd
 
 from bcr_core.analysis.claims_report import model_of, p_text, transfer, transfer_markdown
-from bcr_core.arena import measures
+from bcr_core.arena import ceiling, measures
+from bcr_core.arena.copies import PAIRED
+from bcr_core.records import read_calls
 
 
 def selector_markdown(frame: pd.DataFrame) -> str:
     table = measures.selector_table(frame)
     held = table.set_index("selector")["items"].get(measures.OURS, 0)
     shares = measures.gap_share(frame)[1].set_index("selector")
+    reference = measures.ceiling_of(table["selector"])
+    share_head = (
+        "share of the searched ceiling's gain [95% CI]"
+        if measures.is_searched(reference)
+        else f"gain as a share of `{reference}`'s [95% CI]"
+    )
     lines = [
         f"On {table['items'].max()} items, {frame.drop_duplicates(['item_id', 'node']).shape[0]} assembled calls, "
         "every selector at BCR-chunk's own row count on each call "
         f"(`{measures.OURS}` on the {held} items of the second half only, as pre-registered):",
         "",
-        "| selector | KL to Dense per item [95% CI] | share of the achievable gain [95% CI] | first-token agree % | "
+        f"| selector | KL to Dense per item [95% CI] | {share_head} | first-token agree % | "
         "identical continuation % | rows / call | wasted rows / call | passes | ms / call |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -90,9 +99,64 @@ def cell(value: float) -> str:
     return "not measured" if pd.isna(value) else f"{value:.4f}"
 
 
+def ceiling_markdown(calls: list[dict]) -> str:
+    """The searched ceiling: what the search cost and which numbers are an optimum, how much of the
+    reachable it reaches, what its sets are made of beside every selector's, and their overlap."""
+    cost = ceiling.search_cost(calls)
+    lines = [
+        "The searched ceiling per budget: calls searched exhaustively (the true optimum over the chunk layout's "
+        "sets at that count, where they number at most the cap) or locally (a search's best, never worse than "
+        "the best selector's set), evaluations and seconds per call:",
+        "",
+        "| budget | calls | exhaustive % | local % | local searches at a local optimum % | sets in the space "
+        "(median) | evaluations / call | s / call |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in cost.itertuples():
+        at = "" if pd.isna(r.local_optimum) else f"{100 * r.local_optimum:.0f}"
+        lines.append(
+            f"| {r.budget} | {r.calls} | {100 * r.exhaustive:.0f} | {100 * r.local:.0f} | {at} | "
+            f"{r.space_median:.0f} | {r.evaluations:.1f} | {r.seconds:.2f} |"
+        )
+    lines += [
+        "",
+        "How much of the reachable the searched set reaches: per-item KL of the unrepaired cache, the searched "
+        "set and token-matched Dense (every row repaired), and (unrepaired - searched) / (unrepaired - "
+        "token-matched) [95% CI]:",
+        "",
+        "| budget | rows / call | unrepaired | searched | token-matched Dense | reached [95% CI] |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in ceiling.reach(calls).itertuples():
+        lines.append(
+            f"| {r.budget} | {r.rows_per_call:.1f} | {r.unrepaired:.4f} | {r.searched:.4f} | "
+            f"{r.token_matched:.4f} | {100 * r.reached:.0f}% [{100 * r.lo:.0f}, {100 * r.hi:.0f}] |"
+        )
+    made = ceiling.composition(calls)
+    made = made[made["budget"].isin(["", PAIRED])]
+    lines += [
+        "",
+        f"What the sets are made of at the paired count: share of their rows on the agent's exact prefix, in the "
+        f"question, in agents' answers, in template text, at seams (a reused segment's first {ceiling.SEAM_ROWS} "
+        "rows), runs of consecutive rows per set, and the Jaccard overlap with the searched set (`cache`: the "
+        "cache's own shares):",
+        "",
+        "| selector | prefix % | question % | answers % | template % | seams % | runs / set | Jaccard with searched |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    jaccard = ceiling.overlap(calls).get(PAIRED, pd.Series(dtype=float))
+    for r in made.itertuples():
+        shares = " | ".join(f"{100 * getattr(r, k):.0f}" for k in (*ceiling.REGIONS, "seams"))
+        overlap = "" if r.selector not in jaccard.index else f"{jaccard[r.selector]:.2f}"
+        lines.append(f"| `{r.selector}` | {shares} | {r.runs:.1f} | {overlap} |")
+    return "\n".join(lines)
+
+
 def markdown(folder) -> str:
     frame = measures.read_arena(folder)
     parts = [selector_markdown(frame), frontier_markdown(frame), verdict_markdown(frame)]
+    if frame["selector"].map(measures.is_searched).any():
+        parts.insert(2, ceiling_markdown(read_calls(Path(folder) / "calls.jsonl")))
     return "\n\n".join(p for p in parts if p)
 
 

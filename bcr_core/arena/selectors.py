@@ -3,7 +3,7 @@
 Every class keeps the selector interface, `rank(bb, kv, ids, last_id, rows=None) -> Ranking`
 (scores of the candidate `rows`, higher = repair first), plus a keyword `context` (a
 `CallContext`) for what the cache alone does not hold: the segment map (`seams`, `window`,
-`question`) and, for the oracles only, the exact cache. Two attributes say how a selector is
+`question`) and, for the K/V-error rankings only, the exact cache. Two attributes say how a selector is
 spent and what it costs:
 
 - `row_rule`: False for a ranking the chunk layout turns into rows (`Layout.exactly` on the
@@ -43,28 +43,31 @@ def row_error(kv, exact) -> torch.Tensor:
     return (dk + dv).sqrt().cpu()
 
 
-class OracleSelector(Selector):
-    """`oracle`: row j scores its true error, `row_error(assembled, exact)`: the L2 norm over all
-    layers, heads and head dimensions of (K_j - K*_j, V_j - V*_j), the exact cache being the dense
-    prefill of the same ids (token-matched Dense). The ceiling a selector could reach with this
-    layout: it reads the exact cache, so it is not deployable. Cost: that prefill (one pass)."""
+class KVErrorSelector(Selector):
+    """`kv-error` (stored as `oracle` in records written before the rename): row j scores its true
+    error, `row_error(assembled, exact)`: the L2 norm over all layers, heads and head dimensions of
+    (K_j - K*_j, V_j - V*_j), the exact cache being the dense prefill of the same ids (token-matched
+    Dense). It reads the exact cache, so it is not deployable; nor is it a ceiling: the largest cache
+    error is not the row whose repair lowers the output's KL most (`searched` is the ceiling). Cost:
+    that prefill (one pass)."""
 
-    name, row_rule, passes = "oracle", False, 1
+    name, row_rule, passes = "kv-error", False, 1
 
     def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
         exact = (context or CallContext([])).need_exact(self.name)
         return Ranking(candidate_scores(row_error(kv, exact), rows))
 
 
-class AttentionOracleSelector(Selector):
-    """`oracle-attn`: the true error weighted by where the answer looks: row j scores
+class AttendedKVErrorSelector(Selector):
+    """`kv-error-attn` (stored as `oracle-attn` before the rename): the true error weighted by
+    where the answer looks: row j scores
     row_error_j x a*_j, a*_j the exact cache's attention from the final prompt token (the query
     that emits the first answer token), summed over layers 2..L and averaged over query heads as
     Algorithm 2 does (`row_scores` of a one-step draft on the exact cache). Dense on the same ids
     (token-matched), so rows align with the assembled cache's. Not deployable. Passes: the exact
     prefill and one decode step."""
 
-    name, row_rule, passes = "oracle-attn", False, 2
+    name, row_rule, passes = "kv-error-attn", False, 2
 
     def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
         exact = (context or CallContext([])).need_exact(self.name)

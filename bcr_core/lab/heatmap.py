@@ -19,7 +19,7 @@ import copy
 import numpy as np
 
 SELECTED, OTHER, SHARED_FILL = "crimson", "steelblue", "rgba(255, 200, 0, 0.12)"
-ERROR_NAME, DEVIATION_NAME = "true error (oracle)", "CacheBlend deviation (layer 1)"
+ERROR_NAME, DEVIATION_NAME = "true error (kv-error)", "CacheBlend deviation (layer 1)"
 PANELS = [0.40, 0.045, 0.045, 0.2, 0.31]  # heatmap, error band, deviation band, score, field lanes
 HEIGHT = 960
 

@@ -2,9 +2,9 @@
 
 For a call served from an assembled cache, `rank_field` runs every selector of `FIELD` on that
 cache (the arena's own rules, `bcr_core.arena`), with the exact cache of the same ids for the
-oracles, and keeps each one's per-row scores on the `CallView`. From them the explorer shows:
+K/V-error rankings, and keeps each one's per-row scores on the `CallView`. From them the explorer shows:
 
-- the true per-row error, the oracle's score: `arena.selectors.row_error`, the L2 norm over every
+- the true per-row error, `kv-error`'s score: `arena.selectors.row_error`, the L2 norm over every
   layer, head and dimension of the assembled rows' key and value deviation from the exact cache;
 - CacheBlend's deviation at its default check layer 1 (`CacheBlendSelector`'s score);
 - the rows each selector picks when it spends exactly as many rows as the explorer's layout picks
@@ -14,7 +14,9 @@ oracles, and keeps each one's per-row scores on the `CallView`. From them the ex
 - the continuation each selector's repaired copy gives, beside Dense's.
 
 The scores are computed once, when the call is inspected (they need the cache and the model), and
-saved with the inspection, so a loaded one shows every selector's picks at any rho without a model.
+saved with the inspection, so a loaded one shows every selector's picks at any rho without a model
+(an inspection saved before the K/V-error rankings were renamed holds them as `oracle` and
+`oracle-attn`: read under today's names).
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import torch
 
 from bcr_core.arena.context import CallContext
 from bcr_core.arena.copies import spend
-from bcr_core.arena.registry import Entry, make_entries, make_entry
+from bcr_core.arena.registry import Entry, current_label, make_entries, make_entry
 
 # the arena's field, one coin seed (the picks of one draw; the arena averages three)
 FIELD = (
-    "oracle",
-    "oracle-attn",
+    "kv-error",
+    "kv-error-attn",
     "draft",
     "draft:rank=predicted",
     "coin:seed=0",
@@ -39,7 +41,7 @@ FIELD = (
     "window",
     "ours",
 )
-ERROR, DEVIATION = "oracle", "cacheblend"  # the two bands under the heatmap
+ERROR, DEVIATION = "kv-error", "cacheblend"  # the two bands under the heatmap
 
 
 def field_entries(layers: int, chunk: int) -> list[Entry]:
@@ -70,13 +72,13 @@ def picks(view, count: int, chunk: int) -> dict[str, list[int]]:
     for label, scores in view.rankings.items():
         entry = make_entry(label, chunk)
         candidates = entry.candidates(view.rows, view.segments)
-        out[label] = spend(entry, scores, candidates, count, chunk) if count else []
+        out[current_label(label)] = spend(entry, scores, candidates, count, chunk) if count else []
     return out
 
 
 def band(view, label: str):
     """A selector's scores over every cached row (NaN where it ranks none), for the bands."""
-    scores = view.rankings.get(label)
+    scores = next((v for k, v in view.rankings.items() if current_label(k) == label), None)
     if scores is None:
         return None
     entry = make_entry(label)
