@@ -76,6 +76,7 @@ SCHEMA: dict[str, Kind] = {
     "transfer": ListOf(Str()),  # claims (or arena) folders of other models, read beside `results`
     "fresh": Bool(),  # run everything anew on `model` instead of reading `results`
     "measure": Str(("agrees_dense", "correct")),  # the per-item outcome the claims are read on
+    "selectors": Optional(Str()),  # the arena's field as comma-separated selectors; None: every selector
     "smoke": Bool(),
 }
 
