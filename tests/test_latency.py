@@ -109,3 +109,126 @@ def test_a_call_the_skip_rule_serves_unrepaired_is_bounded_like_kvcomm(tiny_chat
     for method in ("bcr-chunk", "coin-chunk"):
         assert (by_method[method] == by_method["kvcomm"]).all()
     assert (by_method["dense"] > by_method["kvcomm"]).all()
+
+
+def served_the_same(a, b) -> list[str]:
+    """Where two calls' decisions, rows and tokens differ (floats of the gate to 1e-9 relative)."""
+    fields = ("reason", "repaired_rows", "skipped", "output_tokens")
+    out = [f"{f}: {getattr(a, f)} != {getattr(b, f)}" for f in fields if getattr(a, f) != getattr(b, f)]
+    for da, db in zip(a.decisions, b.decisions, strict=True):
+        for key, value in da.items():
+            if isinstance(value, float) or (isinstance(value, list) and value and isinstance(value[0], float)):
+                if db[key] != pytest.approx(value, rel=1e-9):
+                    out.append(f"{key}: {value} != {db[key]}")
+            elif db[key] != value:
+                out.append(f"{key}: {value} != {db[key]}")
+    return out
+
+
+def test_a_copied_warm_pool_gives_every_server_the_decisions_it_gets_alone(tiny_chat, monkeypatch):
+    """Each server warmed on its own (every warm-up call served by itself) against the same servers
+    whose pools one of them filled: every later call has the same gate decisions (anchors, weights,
+    entropy), the same repaired rows and the same tokens, and the fill prefilled each warm-up prompt
+    once for all four servers, not once per server."""
+    from bcr_core.conditions import make_server
+    from bcr_core.probes.latency import WARM_UP_FILL, copy_templates, fill_pools, request_prompts
+    from bcr_core.reuse.segments import share_segment_caches
+
+    specs = ["kvcomm@1", "bcr-chunk@0.25:gamma=1", "coin-chunk@0.25:gamma=1", "bcr-chunk@0.5:gamma=1"]
+    rng = random.Random(5)
+    requests = [request_prompts(tiny_chat, copy_templates(), 300, rng) for _ in range(WARM_UP_FILL + 2)]
+    fill, later = requests[:WARM_UP_FILL], requests[WARM_UP_FILL:]
+
+    alone = {}
+    for spec in specs:
+        server = make_server(tiny_chat, spec)
+        for prompt in [p for r in fill for p in r]:
+            assert server.serve(prompt, 2).mode == "dense"  # under two anchors the gate never passes
+        alone[spec] = [server.serve(prompt, 2) for r in later for prompt in r]
+
+    servers = {spec: make_server(tiny_chat, spec) for spec in specs}
+    share_segment_caches(tiny_chat, servers.values())
+    full_length = len(fill[0][0].merged_ids) - 1
+    prefills = []
+    prefill = tiny_chat.prefill
+    monkeypatch.setattr(tiny_chat, "prefill", lambda ids, *a, **k: prefills.append(len(ids)) or prefill(ids, *a, **k))
+    fill_pools(servers.values(), [p for r in fill for p in r])
+    monkeypatch.undo()
+    assert prefills.count(full_length) == WARM_UP_FILL * len(copy_templates())  # 10 dense calls, not 40
+    pools = [s.pool for s in servers.values()]
+    assert len({id(p) for p in pools}) == len(specs)  # copies, not one pool shared by reference
+    assert all(p.counts == pools[0].counts for p in pools)
+    shared = {spec: [] for spec in specs}
+    for request in later:
+        for prompt in request:
+            for spec, server in servers.items():
+                shared[spec].append(server.serve(prompt, 2))
+
+    repaired = 0
+    for spec in specs:
+        for i, (a, b) in enumerate(zip(alone[spec], shared[spec], strict=True)):
+            assert a.mode == "reuse" and not served_the_same(a, b), (spec, i, served_the_same(a, b))
+            repaired += len(a.repaired_rows)
+        assert servers[spec].pool.counts == expected_counts(alone[spec], fill)
+    assert repaired > 0  # the repair servers repaired: their calls could have differed
+
+
+def expected_counts(calls, fill):
+    """A pool's decision counts by its calls: every warm-up call's gate refused (no anchor or one),
+    every later call's passed."""
+    from collections import Counter
+
+    counts = Counter(reuse=sum(len(c.decisions) for c in calls))
+    counts["no_anchors"] = len(fill[0])
+    counts["one_anchor"] = len(fill[1])
+    return counts
+
+
+def test_a_pool_copy_goes_on_on_its_own_and_shares_the_tensors():
+    """Activating or storing in a copy leaves the original as it was; the cached tensors are not copied."""
+    import torch
+
+    from bcr_core.engine.kv import KV
+    from bcr_core.reuse.anchors import AnchorPool, Deviation, GateDecision
+
+    def kv(n, fill):
+        t = torch.full((2, 1, 1, n, 4), fill)
+        return KV(t, t.clone(), torch.arange(n))
+
+    pool = AnchorPool()
+    first = pool.store("q", (1, 2, 3), kv(3, 0.0), "a", Deviation(kv(3, 1.0), None))
+    twin = pool.copy()
+    copied = twin.anchors("q")[0]
+    assert copied is not first and copied.base_values is first.base_values
+    assert copied.deviations["a"] is first.deviations["a"]
+    twin.activate(GateDecision("q", "reuse", 1, 1, chosen=[(copied, 1.0)]))
+    twin.store("q", (1, 2, 3), kv(3, 0.0), "b", Deviation(kv(3, 2.0), None))
+    twin.store("q", (4, 5, 6), kv(3, 0.5), "a", Deviation(kv(3, 3.0), None))
+    assert (first.activations, copied.activations) == (0, 1)
+    assert set(first.deviations) == {"a"} and set(copied.deviations) == {"a", "b"}
+    assert len(pool.anchors("q")) == 1 and len(twin.anchors("q")) == 2
+    assert twin.anchors("q")[1].serial == 2 and pool._serial == 1
+
+
+def test_speedups_carry_their_spread_over_the_paired_calls():
+    """Five paired calls whose Dense/method ratios are 1..5: mean 3, median 3, and the central 95%
+    by linear interpolation between order statistics, 1 + 0.025 * 4 = 1.1 and 5 - 0.1 = 4.9."""
+    ratios = [2.0, 5.0, 1.0, 4.0, 3.0]
+    calls = pd.DataFrame(
+        {
+            "length": 64,
+            "method": "bcr-chunk",
+            "rho": 0.2,
+            "ttft_s": [10.0 / r for r in ratios],
+            "dense_ttft_s": 10.0,
+            "assembly_s": 0.0,
+            "rows": 8,
+            "flops": 1e9,
+            "bound_s": 1.0,
+            "peak_rss_mb": 1.0,
+        }
+    )
+    row = summarize_ttft(calls).iloc[0]
+    assert row["speedup_vs_dense"] == pytest.approx(3.0)
+    assert row["speedup_median"] == pytest.approx(3.0)
+    assert (row["speedup_p2_5"], row["speedup_p97_5"]) == (pytest.approx(1.1), pytest.approx(4.9))

@@ -3,11 +3,14 @@ coin control on synthetic symbol segments, every call served every way in one pr
 
 Five CopyMachine agents each read one random symbol string of `length` tokens. Every method
 has its own server over one shared store of exact caches (node prefixes and base caches, built
-when a segment appears, outside any TTFT, as in serving). Warm-up requests fill the anchor pools
-and are not timed. KVComm's gate is forced open (gamma = 1) so every timed call is served from an
-assembled cache. TTFT runs from before anchor matching to the first token, so it includes
-matching, assembly, BCR's two-token draft and the repair; the coin variant spends the same
-budget without the draft. Speedups are means of per-call ratios against Dense on the same call.
+when a segment appears, outside any TTFT, as in serving). Warm-up requests are not timed: two fill
+the anchor pools, once per distinct pool (`fill_pools`: servers whose pools would hold the same
+anchors take copies of one warm pool, so the fill costs the same whatever the number of rhos), and
+one more, served by every server, warms every timed path. KVComm's gate is forced open (gamma = 1)
+so every timed call is served from an assembled cache. TTFT runs from before anchor matching to the
+first token, so it includes matching, assembly, BCR's two-token draft and the repair; the coin
+variant spends the same budget without the draft. Speedups are means of per-call ratios against Dense on the same call,
+reported with their spread over the paired calls (median, and the central 95% of the ratios).
 
 Beside each time: the arithmetic the call cannot avoid and the time that takes at the machine's
 measured rates (`bound`), the achieved fraction of that bound, the GFLOP/s achieved, and the
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import random
 import resource
+import time
 
 import numpy as np
 import pandas as pd
@@ -29,11 +33,14 @@ from bcr_core.data.roles import COPY
 from bcr_core.engine.capacity import check_rows_fit
 from bcr_core.errors import UsageError
 from bcr_core.probes.bound import Shape, call_passes, measure_rates
+from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.prompts import QUESTION, Template, build_prompt
 from bcr_core.reuse.segments import share_segment_caches
+from bcr_core.reuse.servers import KVCommServer
 
 N_AGENTS = 5
-WARM_UP_REQUESTS = 3  # two fill the anchor pools, one more warms every timed path
+WARM_UP_FILL = 2  # requests that fill the anchor pools: with under two anchors every call is dense
+WARM_UP_PATHS = 1  # one more request, served by every server, warms every timed path
 
 
 def copy_templates(n_agents: int = N_AGENTS) -> list[Template]:
@@ -79,6 +86,46 @@ def check_lengths(bb, lengths) -> None:
         check_rows_fit(bb, template + length + 1, f"--lengths {length}")
 
 
+def request_prompts(bb, templates: list[Template], length: int, rng: random.Random) -> list:
+    """One request: a fresh symbol segment of `length` tokens, and every agent's prompt over it."""
+    question = symbol_segment(bb.tokenizer, length, rng)
+    return [build_prompt(bb.tokenizer, template, {QUESTION: question}) for template in templates]
+
+
+def pool_groups(servers) -> list[list[KVCommServer]]:
+    """The KVComm-based servers grouped by pool settings (`KVCommConfig`): servers whose pools
+    would hold the same anchors after the same dense calls. A dense call stores the same anchors
+    whatever the server (the servers differ only in what they do with an assembled cache), and
+    while a pool holds fewer than two anchors of a placeholder for a node, every gate sends that
+    node's call to a dense prefill."""
+    groups: dict[KVCommConfig, list[KVCommServer]] = {}
+    for server in servers:
+        if isinstance(server, KVCommServer):
+            groups.setdefault(server.config, []).append(server)
+    return list(groups.values())
+
+
+def fill_pools(servers, prompts: list) -> int:
+    """Fill the anchor pools with `prompts` (not timed): in each group of `pool_groups` the first
+    server serves every prompt, the others take copies of its warm pool, so each server holds what
+    serving the prompts itself would have left it. Refuses a prompt the pool already serves from an
+    assembled cache: what a server does with one differs, so that call would not be the same in
+    every server of the group. Returns the number of calls served (dense prefills)."""
+    served = 0
+    for first, *rest in pool_groups(servers):
+        for prompt in prompts:
+            call = first.serve(prompt, 1)
+            served += 1
+            if call.mode != "dense":
+                raise RuntimeError(
+                    f"warm-up call {served} of {first.name} was served from its anchor pool ({call.reason}), "
+                    "not densely: the pool cannot be copied to servers that would treat that call differently"
+                )
+        for server in rest:
+            server.pool = first.pool.copy()
+    return served
+
+
 def ttft_calls(
     bb,
     lengths=(64, 512, 2048, 4096),
@@ -88,7 +135,8 @@ def ttft_calls(
     progress: bool = True,
 ) -> pd.DataFrame:
     """One row per timed call and method: length, sample, node, method, rho, ttft_s, the paired
-    Dense call's ttft, and the bound with the rates it was taken at (measured once per length)."""
+    Dense call's ttft, the bound with the rates it was taken at (measured once per length), and
+    the length's warm-up seconds (pool fill and path warm-up)."""
     check_settings(lengths, samples)
     shape = Shape.of(bb.config)
     methods = [("dense", None, "dense"), ("kvcomm", None, "kvcomm@1")]
@@ -100,14 +148,17 @@ def ttft_calls(
         rates = measure_rates(shape, rows=max(length, 64), dtype=bb.dtype, device=bb.device)
         servers = {(m, r): make_server(bb, spec) for m, r, spec in methods}
         caches = share_segment_caches(bb, servers.values())
-        total = WARM_UP_REQUESTS + samples
-        for request in tqdm(range(total), desc=f"ttft {length} tokens", disable=not progress):
-            question = symbol_segment(bb.tokenizer, length, rng)
-            for template in templates:
-                prompt = build_prompt(bb.tokenizer, template, {QUESTION: question})
+        bar = tqdm(total=WARM_UP_FILL + WARM_UP_PATHS + samples, desc=f"ttft {length} tokens", disable=not progress)
+        started = time.perf_counter()
+        fill = [request_prompts(bb, templates, length, rng) for _ in range(WARM_UP_FILL)]
+        fill_pools(servers.values(), [prompt for request in fill for prompt in request])
+        bar.update(WARM_UP_FILL)
+        warm_up_s = time.perf_counter() - started
+        for request in range(WARM_UP_PATHS + samples):
+            for prompt in request_prompts(bb, templates, length, rng):
                 caches.prepare(prompt)
                 timed = [timed_call(server, prompt, method, shape, rates) for (method, _), server in servers.items()]
-                if request < WARM_UP_REQUESTS:
+                if request < WARM_UP_PATHS:
                     continue
                 for (method, rho), call in zip(servers, timed):
                     if method != "dense" and call["mode"] != "reuse":
@@ -115,8 +166,8 @@ def ttft_calls(
                     rows.append(
                         {
                             "length": length,
-                            "sample": request - WARM_UP_REQUESTS,
-                            "node": template.node,
+                            "sample": request - WARM_UP_PATHS,
+                            "node": prompt.template.node,
                             "segment_tokens": len(prompt.segments[1].ids),
                             "method": method,
                             "rho": rho,
@@ -129,9 +180,14 @@ def ttft_calls(
                             **rates.readable(bb.dtype.itemsize),
                         }
                     )
+            if request == WARM_UP_PATHS - 1:
+                warm_up_s = time.perf_counter() - started
+            bar.update(1)
+        bar.close()
         del servers, caches  # the next length's servers are built after these are freed
         peak = peak_memory_mb(bb.device)
         for row in rows:
+            row.setdefault("warm_up_s", warm_up_s)
             for key, value in peak.items():
                 row.setdefault(key, value)
     return pd.DataFrame(rows)
@@ -163,9 +219,10 @@ def peak_memory_mb(device) -> dict[str, float]:
 
 
 def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
-    """Per length, method and rho: median TTFT, its spread, the mean of paired speedups, and the
-    anchor matching + cache assembly inside the TTFT (median ms, and its largest share of the
-    paired Dense call's TTFT)."""
+    """Per length, method and rho: median TTFT, its spread, the mean of paired speedups with their
+    spread over the paired calls (median, and the 2.5% and 97.5% quantiles of the per-call
+    Dense/method ratios, linearly interpolated), and the anchor matching + cache assembly inside
+    the TTFT (median ms, and its largest share of the paired Dense call's TTFT)."""
     calls = calls.assign(
         ratio=calls["dense_ttft_s"] / calls["ttft_s"],
         assembly_share=calls["assembly_s"] / calls["dense_ttft_s"],
@@ -179,6 +236,9 @@ def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
             ttft_ms_p10=("ttft_s", lambda s: 1000 * float(np.quantile(s, 0.1))),
             ttft_ms_p90=("ttft_s", lambda s: 1000 * float(np.quantile(s, 0.9))),
             speedup_vs_dense=("ratio", "mean"),
+            speedup_median=("ratio", "median"),
+            speedup_p2_5=("ratio", lambda s: float(np.quantile(s, 0.025))),
+            speedup_p97_5=("ratio", lambda s: float(np.quantile(s, 0.975))),
             assembly_ms=("assembly_s", lambda s: 1000 * float(np.median(s))),
             assembly_share_max=("assembly_share", "max"),
             rows_recomputed=("rows", "mean"),
@@ -187,6 +247,7 @@ def summarize_ttft(calls: pd.DataFrame) -> pd.DataFrame:
             gflops=("gflops", "median"),
             peak_rss_mb=("peak_rss_mb", "max"),
             **({"peak_gpu_mb": ("peak_gpu_mb", "max")} if "peak_gpu_mb" in calls else {}),
+            **({"warm_up_s": ("warm_up_s", "max")} if "warm_up_s" in calls else {}),
             calls=("ratio", "size"),
         )
         .reset_index()

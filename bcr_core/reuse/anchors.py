@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -162,6 +162,16 @@ class AnchorPool:
             pool.append(anchor)
         anchor.deviations[node] = deviation
         return anchor
+
+    def copy(self) -> AnchorPool:
+        """A pool that holds the same anchors and goes on from here on its own: every anchor is a new
+        object with its own activation count and node map, and the same tensors (base values and
+        deviations are never written into once stored, so they are shared, not copied)."""
+        twin = AnchorPool(self.config)
+        twin.pools = {p: [replace(a, deviations=dict(a.deviations)) for a in pool] for p, pool in self.pools.items()}
+        twin.counts = Counter(self.counts)
+        twin._serial = self._serial
+        return twin
 
     def evict(self, placeholder: str) -> Anchor:
         """Drop the least-activated of the oldest `eviction_window` anchors (the oldest on ties)."""
