@@ -121,9 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(run)
     run.set_defaults(run=cmd_run)
 
-    arena = sub.add_parser(
-        "arena", help="every selector on the same assembled caches at the same rows, against Dense (issue 24)"
-    )
+    arena = sub.add_parser("arena", help="every selector on the same assembled caches at the same rows, against Dense")
     arena.add_argument("--n", type=int, required=True, help="number of items (the first n)")
     arena.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
     arena.add_argument("--benchmark", default="synthetic", choices=BENCHMARKS)
