@@ -117,3 +117,41 @@ def test_quickstart_notebook_runs_in_smoke_mode_on_gemma(gemma, tmp_path):
     assert main(["notebooks", "--smoke", "--only", "00", "--model", "gemma-3-270m", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [s["notebook"] for s in summary] == ["00_quickstart"] and summary[0]["error"] is None
+
+
+def test_a_rerun_of_the_first_items_reproduces_the_committed_gate_records(gemma, tmp_path):
+    """The committed gate sweep (base caches behind <bos>, one-shot prompt, line stop) is what the code makes:
+    its first five items rerun under Dense, KVComm and OpenGate give the same answers, routes and gate
+    decisions call by call (item 4 is the first whose calls reuse, so the anchor pool's warm-up is covered)."""
+    from bcr_core.paths import RESULTS
+    from bcr_core.records import read_calls, read_records
+    from bcr_core.runs.cell import make_cell
+    from bcr_core.runs.runner import run_cell
+
+    committed = RESULTS / "claims-gemma-3-270m-bos" / "gate"
+    settings = json.loads((committed / "cell.json").read_text())
+    assert (settings["prompt"], settings["stop"]) == ("one-shot", "line")
+    conditions, n = ["dense", "kvcomm", "opengate"], 5
+    cell = make_cell(
+        benchmark="synthetic", agents=3, conditions=conditions, n=n, max_new_tokens=8,
+        model="gemma-3-270m", prompt="one-shot", stop="line",
+    )  # fmt: skip
+    run_cell(gemma, cell, tmp_path, progress=False)
+
+    def key(r):
+        return r["condition"], r["item_id"], r.get("node", "")
+
+    def kept(rows, fields):
+        chosen = [r for r in rows if r["condition"] in conditions and int(r["item_id"][-4:]) < n]
+        return sorted(({f: r.get(f) for f in fields} for r in chosen), key=key)
+
+    item_fields = ["condition", "item_id", "final_text", "correct", "skipped_calls", "rows_per_call"]
+    call_fields = ["condition", "item_id", "node", "reason", "output_tokens", "skipped", "ids_match", "mode"]
+    old_items, new_items = (read_records(d / "items.jsonl") for d in (committed, tmp_path))
+    assert kept(new_items, item_fields) == kept(old_items, item_fields)
+    old_calls, new_calls = (read_calls(d / "calls.jsonl") for d in (committed, tmp_path))
+    assert kept(new_calls, call_fields) == kept(old_calls, call_fields)
+    reuse = {(r["condition"], r["item_id"]): r["reuse_rate"] for r in kept(old_items, [*item_fields, "reuse_rate"])}
+    for r in kept(new_items, [*item_fields, "reuse_rate"]):
+        assert r["reuse_rate"] == pytest.approx(reuse[r["condition"], r["item_id"]])
+    assert {r["mode"] for r in kept(old_calls, ["condition", "item_id", "mode"])} >= {"dense", "reuse"}
