@@ -3,6 +3,8 @@
 and prefix-extended prefills (`segments.PrefixPrefills`). Each must leave every record as it was
 without it: tokens, routes, gate decisions, repaired rows exactly, floats within the suite's tolerance."""
 
+import json
+
 import pytest
 import torch
 from conftest import random_ids, record_differences
@@ -104,3 +106,39 @@ def test_identical_decode_requests_are_decoded_once(tiny, monkeypatch, share):
     assert results["other"] == tiny.generate(kv, ids[-2], 6).tokens
     assert results["a"] is not results["b"]  # each request its own list
     assert len(adds) == (3 if share else 4)  # the same cache object and request once; a copy is another cache
+
+
+def test_the_committed_cell_a_items_come_out_the_same_with_all_sharing_on(real, tmp_path):
+    """The first five items of the claims grid's cell a (the fifth is the first served from an
+    assembled cache) at batch size 8 with --fidelity, decodes and measurements shared and prefills
+    extended from the longest kept prefix: every call's tokens, route, gate decisions, repaired rows
+    and fidelity as committed (floats within the suite's tolerance)."""
+    from bcr_core import records as record_files
+    from bcr_core.paths import RESULTS
+
+    folder = RESULTS / "claims" / "a"
+    committed = json.loads((folder / "cell.json").read_text())
+    conditions = ("dense", "kvcomm", "bcr-chunk:chunk=16", "coin-chunk:chunk=16,seed=0")
+    assert set(conditions) <= set(committed["conditions"])
+    cell = Cell(
+        "synthetic",
+        committed["n_agents"],
+        conditions,
+        5,
+        committed["max_new_tokens"],
+        extra=committed["extra"],
+        fidelity=True,
+    )
+    run_cell(real, cell, tmp_path, progress=False, batch=8, prefix_prefills=True)
+    fresh = [record_files.committed(c) for c in record_files.read_records(tmp_path / "calls.jsonl")]
+    wanted = {
+        (c["condition"], c["item_id"], c["node"]): c
+        for c in record_files.read_records(folder / "calls.jsonl")
+        if c["condition"] in conditions
+    }
+    keys = ("reason", "output_tokens", "rows_recomputed", "rows_wasted", "skipped", "decisions", "segment_map")
+    keys += ("cached_rows", "ids_match", "fidelity")
+    assert len(fresh) == 4 * 5 * 4 and any(c["reason"] == "reuse" and c["rows_recomputed"] for c in fresh)
+    for call in fresh:
+        where = (call["condition"], call["item_id"], call["node"])
+        assert record_differences({k: call[k] for k in keys}, {k: wanted[where][k] for k in keys}) == [], where
