@@ -84,6 +84,20 @@ def test_a_cache_measured_again_is_looked_up_and_a_copy_of_it_is_not(tiny):
     assert fresh > 1e-3 and teacher_forced_kl(tiny, (kv, ids[-1]), (other, ids[-1]), tokens, log_probs) == fresh
 
 
+def test_measurements_are_kept_within_their_byte_budget_the_latest_always(tiny):
+    ids, tokens = random_ids(20, seed=3), random_ids(5, seed=4)
+    caches = [tiny.prefill(ids[:-1]), tiny.prefill(ids[:-2])]
+    one = 5 * tiny.config.vocab_size * 4  # five steps of float32 log-probabilities
+    log_probs = ForcedLogProbs(tiny, max_bytes=one)
+    first = log_probs(Cached(caches[0], ids[-1]), tokens)
+    log_probs(Cached(caches[1], ids[-1]), tokens)  # the budget holds one: the first is dropped
+    assert len(log_probs.kept) == 1 and log_probs.bytes == one
+    assert log_probs(Cached(caches[0], ids[-1]), tokens) is not first and log_probs.computed == 3
+    roomy = ForcedLogProbs(tiny, max_bytes=2 * one)
+    kept = [roomy(Cached(kv, ids[-1]), tokens) for kv in caches]
+    assert [roomy(Cached(kv, ids[-1]), tokens) for kv in caches] == kept and roomy.looked_up == 2
+
+
 def decode_unit(key, kv, last_id, results):
     def steps():
         generation = yield Decode(kv, last_id, 6)

@@ -19,15 +19,17 @@ from bcr_core.reuse.calls import Cached, CallRecord
 
 
 class ForcedLogProbs:
-    """Teacher-forced next-token log-probabilities of served caches, the `keep` most recent kept.
-    Within a cell one cache object is often measured many times: the Dense reference of a prompt
-    once per condition whose call had that prompt, and a condition's own cache wherever it is that
-    very prefill (Dense, and every dense fallback, at batch size > 1, where prefills are shared).
-    The same cache object fed the same tokens gives the same numbers, so a repeat is looked up,
-    bit-identical. Entries name their cache weakly: a cache that is gone is never matched."""
+    """Teacher-forced next-token log-probabilities of served caches, the most recent kept while they
+    fit in `max_bytes` (the latest always; one step is a vocabulary of floats, so 512 steps over a
+    50k vocabulary are 100 MB). Within a cell one cache object is often measured many times: the
+    Dense reference of a prompt once per condition whose call had that prompt, and a condition's own
+    cache wherever it is that very prefill (Dense, and every dense fallback, at batch size > 1,
+    where prefills are shared). The same cache object fed the same tokens gives the same numbers,
+    so a repeat is looked up, bit-identical. Entries name their cache weakly: a cache that is gone is
+    never matched."""
 
-    def __init__(self, bb: Backbone, keep: int = 64):
-        self.bb, self.keep = bb, keep
+    def __init__(self, bb: Backbone, max_bytes: int = 256 * 2**20):
+        self.bb, self.max_bytes, self.bytes = bb, max_bytes, 0
         self.kept: OrderedDict[tuple, tuple[weakref.ref, torch.Tensor]] = OrderedDict()
         self.computed = self.looked_up = 0
 
@@ -39,11 +41,17 @@ class ForcedLogProbs:
             self.looked_up += 1
             return found[1]
         log_probs = forced_log_probs(self.bb, cached, tokens)
+        if key in self.kept:  # a cache that is gone, its id taken by this one
+            self.bytes -= size(self.kept.pop(key)[1])
         self.kept[key] = (weakref.ref(cached.kv), log_probs)
-        self.computed += 1
-        if len(self.kept) > self.keep:
-            self.kept.popitem(last=False)
+        self.computed, self.bytes = self.computed + 1, self.bytes + size(log_probs)
+        while self.bytes > self.max_bytes and len(self.kept) > 1:
+            self.bytes -= size(self.kept.popitem(last=False)[1][1])
         return log_probs
+
+
+def size(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def forced_log_probs(bb: Backbone, cached: tuple, tokens: list[int]) -> torch.Tensor:

@@ -52,7 +52,7 @@ class SharedDecodes:
     float rounding batched decoding allows anyway. The `keep` most recent answers are kept; entries
     name their cache and stop rule weakly, so an object that is gone is never matched."""
 
-    def __init__(self, keep: int = 16):
+    def __init__(self, keep: int = 8):
         self.keep = keep
         self.answered: OrderedDict[tuple, tuple[weakref.ref, object, Generation]] = OrderedDict()
         self.running: dict[tuple, tuple[weakref.ref, object, list]] = {}  # key -> (cache, rule, waiting lanes)
