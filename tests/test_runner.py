@@ -131,14 +131,14 @@ def test_batched_runner_serves_a_stateful_condition_one_item_at_a_time(tiny_chat
     starts = []  # (unit started, units running beside it)
     original = runner.run_lanes
 
-    def spy(bb, units, width, may_start, finished):
+    def spy(bb, units, width, may_start, finished, *options):
         def recorded(unit, running):
             allowed = may_start(unit, running)  # run_lanes starts the first unit allowed
             if allowed:
                 starts.append((unit.key, [r.key for r in running]))
             return allowed
 
-        return original(bb, units, width, recorded, finished)
+        return original(bb, units, width, recorded, finished, *options)
 
     monkeypatch.setattr(runner, "run_lanes", spy)
     run_cell(tiny_chat, BATCHED, tmp_path, progress=False, batch=8)

@@ -108,7 +108,7 @@ class Pipeline:
             call = yield from stopping(server.steps(prompt, self.max_new_tokens), self.stop_rule)
             if reference is not None:
                 dense = yield from stopping(reference.steps(prompt, self.max_new_tokens), self.stop_rule)
-                call.fidelity = call_fidelity(self.bb, dense, call)
+                call.fidelity = call_fidelity(self.bb, dense, call, getattr(reference, "log_probs", None))
             if not keep_caches:
                 call.served = None
             record.calls.append(call)

@@ -1,6 +1,6 @@
 """`Backbone`: one Hugging Face causal LM with RoPE, and the four things the lab does with it.
 
-- `prefill`: a span's KV computed densely.
+- `prefill`: a span's KV computed densely; `extend` prefills only what follows a cached prefix.
 - `repair`: the recompute path of Algorithm 1 (paper App. B). Only the selected rows run
   forward, at their true positions. Each layer writes their fresh keys/values over the stale
   copies (in a copy of the cache) before attending, and a 4-D mask lets row i see the rows at or
@@ -170,6 +170,21 @@ class Backbone:
         cache = DynamicCache()
         self.model.base_model(input_ids=ids[None], position_ids=positions[None], cache=cache, use_cache=True)
         return KV.from_cache(cache, positions)
+
+    @torch.inference_mode()
+    def extend(self, kv: KV, ids) -> KV:
+        """`kv`'s rows followed by `ids` prefilled after them, at positions from `kv.next_position`:
+        a prefix cache extended instead of prefilling the whole prompt again (serving engines' prefix
+        caching). `kv`'s rows are kept as they are, so where `kv` is `prefill(prefix)` this equals
+        `prefill(prefix + ids)` up to float rounding in the new rows (their queries attend in one
+        shorter pass); `kv` itself is never written."""
+        ids = as_ids(ids, self.device)
+        if ids.numel() == 0:
+            return kv
+        positions = self._positions(None, ids.numel(), start=kv.next_position)
+        cache = kv.to_cache()  # HF's dynamic layers grow by concatenation: new tensors, kv untouched
+        self.model.base_model(input_ids=ids[None], position_ids=positions[None], cache=cache, use_cache=True)
+        return KV.from_cache(cache, torch.cat([kv.positions.to(self.device), positions]))
 
     @torch.inference_mode()
     def prefill_layers(self, ids, positions=None, layers: int = 2) -> KV:

@@ -90,6 +90,50 @@ class SharedPrefills:
         return kv
 
 
+class PrefixPrefills(SharedPrefills):
+    """`SharedPrefills` that also extends the kept prefill sharing the longest exact prefix with a
+    new prompt (`Backbone.extend`), as serving engines' prefix caches do: prompts of different
+    conditions for the same agent agree up to the first answer that differs, and every call of a
+    node starts with the node's system prompt. A prompt whose ids equal a kept one's is served that
+    prefill, bit-identical; an extended one equals a fresh prefill within float rounding
+    (`tests/test_prefix_prefills.py` states the tolerance), not bit for bit. A common prefix shorter
+    than `min_rows` is prefilled from scratch."""
+
+    def __init__(self, bb: Backbone, keep: int = 32, min_rows: int = 16):
+        super().__init__(bb, keep)
+        self.min_rows = min_rows
+        self.extended = self.rows_reused = 0
+
+    def __call__(self, ids: list[int]) -> KV:
+        key = tuple(ids)
+        if key in self.kept:
+            return super().__call__(ids)
+        kept, common = self.longest_common_prefix(key)
+        if common < self.min_rows:
+            return super().__call__(ids)
+        kv = kept.truncate(common) if common == len(key) else self.bb.extend(kept.truncate(common), key[common:])
+        self.kept[key] = kv
+        self.extended, self.rows_reused = self.extended + 1, self.rows_reused + common
+        if len(self.kept) > self.keep:
+            self.kept.popitem(last=False)
+        return kv
+
+    def longest_common_prefix(self, key: tuple[int, ...]) -> tuple[KV | None, int]:
+        """The kept prefill sharing the longest prefix with `key`, and that prefix's length."""
+        best, length = None, 0
+        for ids, kv in reversed(self.kept.items()):  # the most recent first, among equals
+            n = common_prefix(ids, key)
+            if n > length:
+                best, length = kv, n
+        return best, length
+
+
+def common_prefix(a, b) -> int:
+    """How many leading ids two sequences share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
 def share_segment_caches(bb: Backbone, servers) -> SegmentCaches:
     """Give every KVComm-based server one store of exact caches. They are keyed by token content and
     exact, so sharing changes no result; it computes each base cache once instead of once per server."""

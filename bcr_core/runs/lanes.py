@@ -6,6 +6,10 @@ one `BatchDecoder`, one token per step; a lane whose sequence ends runs on to it
 which joins the batch, and a finished lane makes room for the next unit.
 On a CPU a decode step costs about the same for one sequence as for several (it is bound by reading
 the weights), so batching decoding is where the throughput is; prefills and repairs stay per call.
+A request identical to one decoding or just decoded (the same cache object, last id, token budget,
+stop rule and prior tokens: Dense's prefill of a prompt, shared with the `--fidelity` reference and
+every condition that prefilled the same ids) is answered with that request's tokens instead of
+decoding them again (`SharedDecodes`).
 
 Which lanes may run side by side is the caller's rule (`may_start`): the runner lets a stateful
 condition (KVComm's anchor pool) serve its items strictly one after another, in order, so every
@@ -14,10 +18,14 @@ server sees exactly the calls it would see at batch size 1.
 
 from __future__ import annotations
 
+import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from bcr_core.engine.backbone import Generation
 from bcr_core.engine.batching import BatchDecoder
 from bcr_core.errors import UsageError
 from bcr_core.reuse.calls import Decode
@@ -31,10 +39,69 @@ class Unit:
     start: Callable[[], Generator]
 
 
-@dataclass
+@dataclass(eq=False)  # a lane is itself: hashed by identity
 class Lane:
     unit: Unit
     steps: Generator
+
+
+class SharedDecodes:
+    """Decode requests already answered, or being answered, in one batch run: a request for the same
+    cache object with the same last id, token budget, stop rule and prior tokens gets the same
+    tokens (a copy of the `Generation`, its first token timed when it is handed over), within the
+    float rounding batched decoding allows anyway. The `keep` most recent answers are kept; entries
+    name their cache and stop rule weakly, so an object that is gone is never matched."""
+
+    def __init__(self, keep: int = 8):
+        self.keep = keep
+        self.answered: OrderedDict[tuple, tuple[weakref.ref, object, Generation]] = OrderedDict()
+        self.running: dict[tuple, tuple[weakref.ref, object, list]] = {}  # key -> (cache, rule, waiting lanes)
+        self.decoded = self.shared = 0
+
+    @staticmethod
+    def key(request: Decode) -> tuple:
+        return (id(request.kv), int(request.last_id), request.max_new_tokens, id(request.stop_rule), request.prior)
+
+    @staticmethod
+    def matches(entry: tuple, request: Decode) -> bool:
+        return entry[0]() is request.kv and entry[1] is request.stop_rule
+
+    def answer(self, request: Decode) -> Generation | None:
+        """A copy of the answer to an identical request decoded before, if one is kept."""
+        key = self.key(request)
+        found = self.answered.get(key)
+        if found is None or not self.matches(found, request):
+            return None
+        self.answered.move_to_end(key)
+        self.shared += 1
+        return handed_over(found[2], time.perf_counter())
+
+    def join(self, request: Decode, lane) -> bool:
+        """Wait for an identical request being decoded, if there is one; else `lane` decodes it."""
+        key = self.key(request)
+        found = self.running.get(key)
+        if found is not None and self.matches(found, request):
+            found[2].append(lane)
+            self.shared += 1
+            return True
+        self.running[key] = (weakref.ref(request.kv), request.stop_rule, [])
+        self.decoded += 1
+        return False
+
+    def finish(self, request: Decode, generation: Generation) -> list:
+        """Keep `generation` as the answer to `request`; return the lanes that waited for it."""
+        key = self.key(request)
+        cache, rule, waiting = self.running.pop(key)
+        self.answered[key] = (cache, rule, generation)
+        if len(self.answered) > self.keep:
+            self.answered.popitem(last=False)
+        return waiting
+
+
+def handed_over(generation: Generation, at: float) -> Generation:
+    """A copy of a shared answer for another request: its own token list, its first token known no
+    earlier than `at` (when it was handed over) so that call's times stay its own."""
+    return replace(generation, tokens=list(generation.tokens), first_token_at=max(generation.first_token_at, at))
 
 
 def run_lanes(
@@ -43,18 +110,21 @@ def run_lanes(
     width: int,
     may_start: Callable[[Unit, list[Unit]], bool],
     finished: Callable[[Unit, Any], None],
+    share_decodes: bool = True,
 ) -> None:
     """Run `units` with up to `width` lanes at once, in list order wherever `may_start` allows.
 
     `may_start(unit, running)` says whether `unit` may start beside the running ones; `finished`
     receives each unit and its steps' return value as soon as it ends. Decoding is continuous: a
     lane whose sequence finishes runs on at once and its next request joins the running batch.
-    At width 1 every request is decoded on the spot, exactly as `drive` does.
+    At width 1 every request is decoded on the spot, exactly as `drive` does. `share_decodes`
+    answers a request identical to one decoded before with its tokens (`SharedDecodes`).
     """
     if width < 1:
         raise UsageError(f"batch size must be >= 1, got {width}")
     queue, lanes = list(units), []
     decoder = BatchDecoder(bb) if width > 1 else None
+    shared, waiting = SharedDecodes(), {}  # waiting: lane -> the request it waits on
 
     def advance(lane: Lane, value) -> None:
         """Run the lane until it waits in the batch or ends; requests that keep logits are answered on the spot."""
@@ -66,9 +136,14 @@ def run_lanes(
                 finished(lane.unit, done.value)
                 return
             if decoder is not None and not request.keep_logits:
-                decoder.add(
-                    lane, request.kv, request.last_id, request.max_new_tokens, request.stop_rule, request.prior
-                )
+                value = shared.answer(request) if share_decodes else None
+                if value is not None:
+                    continue
+                waiting[lane] = request
+                if not (share_decodes and shared.join(request, lane)):
+                    decoder.add(
+                        lane, request.kv, request.last_id, request.max_new_tokens, request.stop_rule, request.prior
+                    )
                 return
             value = request.now(bb)
 
@@ -87,4 +162,9 @@ def run_lanes(
                 raise RuntimeError("no waiting unit may start although nothing runs: check may_start")
             return
         for lane, generation in decoder.step():
+            request = waiting.pop(lane)
+            followers = shared.finish(request, generation) if share_decodes else []
             advance(lane, generation)
+            for follower in followers:
+                waiting.pop(follower)
+                advance(follower, handed_over(generation, generation.first_token_at))

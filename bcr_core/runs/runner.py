@@ -20,7 +20,8 @@ from tqdm.auto import tqdm
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
-from bcr_core.reuse.segments import SharedPrefills, share_segment_caches
+from bcr_core.reuse.fidelity import ForcedLogProbs
+from bcr_core.reuse.segments import PrefixPrefills, SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
 from bcr_core.runs.cell import Cell
 from bcr_core.conditions import make_server
@@ -35,11 +36,13 @@ class Interrupted(KeyboardInterrupt):
 class SharedReference(DenseServer):
     """The `--fidelity` reference: Dense on a call's prompt, served once per distinct prompt and
     shared by every condition whose call has that prompt (agent 1's always does; later agents' do
-    whenever their predecessors answered alike). Dense is stateless, so sharing changes no number."""
+    whenever their predecessors answered alike). Dense is stateless, so sharing changes no number.
+    Its `log_probs` keep the teacher-forced measurements of the fidelity KL, each cache's once."""
 
-    def __init__(self, bb, keep: int = 96):
+    def __init__(self, bb, keep: int = 96, share_log_probs: bool = True):
         super().__init__(bb)
         self.keep, self.served = keep, OrderedDict()
+        self.log_probs = ForcedLogProbs(bb) if share_log_probs else None
 
     def steps(self, prompt, max_new_tokens):
         key = (tuple(prompt.dense_ids), max_new_tokens)
@@ -90,6 +93,9 @@ def run_cell(
     batch: int = 1,
     label: str | None = None,
     on_item: Callable[[], None] | None = None,
+    prefix_prefills: bool = False,
+    share_decodes: bool = True,
+    share_log_probs: bool = True,
 ) -> pd.DataFrame:
     """Run (or resume) a cell; returns the tidy per-item table. `label` names its progress bar;
     `on_item` is called after each item record is written (a grid's overall count).
@@ -99,7 +105,12 @@ def run_cell(
     time in order, so results equal batch size 1 up to float rounding in batched decoding. Dense
     prefills of ids another condition already prefilled are shared (`SharedPrefills`). Call times
     then include waiting for the batch and exclude shared prefills; measure latency at batch size 1
-    or with `bcr ttft`.
+    or with `bcr ttft`. `prefix_prefills` (batch > 1 only) also extends the kept prefill sharing
+    the longest exact prefix with a prompt instead of prefilling it whole (`PrefixPrefills`): equal
+    to a fresh prefill within float rounding, not bit for bit. `share_decodes` (batch > 1) answers a
+    decode request identical to one decoded before with its tokens (`lanes.SharedDecodes`), and
+    `share_log_probs` measures each cache's teacher-forced log-probabilities for the fidelity KL once
+    (`fidelity.ForcedLogProbs`, bit-identical); both are on unless turned off to measure them.
     """
     files, written = RunFiles(out, cell), []
     try:
@@ -112,9 +123,9 @@ def run_cell(
         stateful = {c for c, server in servers.items() if not server.stateless}
         done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
         share_segment_caches(bb, servers.values())
-        reference = SharedReference(bb) if cell.fidelity else None
+        reference = SharedReference(bb, share_log_probs=share_log_probs) if cell.fidelity else None
         if batch > 1:  # at batch size 1 every call pays its own prefill, so its TTFT stays a latency
-            prefills = SharedPrefills(bb)
+            prefills = PrefixPrefills(bb) if prefix_prefills else SharedPrefills(bb)
             for server in [*servers.values(), *([reference] if reference else [])]:
                 server.prefills = prefills
         units = []
@@ -151,7 +162,7 @@ def run_cell(
                 on_item()
 
         with bar:  # closed on ^C too, so the message below starts its own line
-            run_lanes(bb, units, batch, may_start, finished)
+            run_lanes(bb, units, batch, may_start, finished, share_decodes)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
     finally:
