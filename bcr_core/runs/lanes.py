@@ -66,9 +66,7 @@ def run_lanes(
                 finished(lane.unit, done.value)
                 return
             if decoder is not None and not request.keep_logits:
-                decoder.add(
-                    lane, request.kv, request.last_id, request.max_new_tokens, request.stop_rule, request.prior
-                )
+                decoder.add(lane, request.kv, request.last_id, request.max_new_tokens, request.stop_rule, request.prior)
                 return
             value = request.now(bb)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bcr_core.agents.graph import full_connected
+from bcr_core.conditions import parse, split_conditions
 from bcr_core.data.benchmarks import NAMES
 from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
-from bcr_core.engine.stopping import DEFAULT_RULE, RULES
 from bcr_core.engine.models import DEFAULT_MODEL
-from bcr_core.conditions import parse, split_conditions
+from bcr_core.engine.stopping import DEFAULT_RULE, RULES
 from bcr_core.settings import Bool, Int, Kind, ListOf, Optional, Setting, SettingError, Str, check_setting, cli_label
 
 
