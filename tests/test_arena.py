@@ -1,4 +1,4 @@
-"""The selector arena (issue 24): each selector's rule against a written-out version on a tiny random
+"""The selector arena: each selector's rule against a written-out version on a tiny random
 model's cache, full budgets against token-matched Dense, the arena's draft against what `bcr run`
 records for the same calls, the measures, and bad input refused before any work."""
 
