@@ -20,6 +20,7 @@ from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
 from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main
 from bcr_core.engine.kv import KV
+from bcr_core.errors import UsageError
 from bcr_core.records import read_calls, read_jsonl
 from bcr_core.repair.selectors import CacheBlendSelector
 from bcr_core.runs.cell import make_cell
@@ -306,7 +307,10 @@ def test_verdicts_are_one_holm_family_and_ours_is_read_on_the_second_half():
         (["--rho", "1.5"], "rho must lie in [0, 1], got 1.5"),
         (["--rhos", "0.1,-0.2"], "rho must lie in [0, 1], got -0.2"),
         (["--selectors", "draft,oracel"], "unknown selector 'oracel'; known: kv-error, kv-error-attn, draft"),
-        (["--selectors", "cacheblend:depth=2"], "selector 'cacheblend' takes no option 'depth=2'; its options"),
+        (
+            ["--selectors", "cacheblend:depth=2"],
+            "selector 'cacheblend' takes no option 'depth' (in 'cacheblend:depth=2'); its options: layer, rank",
+        ),
         (["--selectors", "draft:rank=some"], "option rank: expected str (one of 'all', 'predicted'), got 'some'"),
         (["--selectors", "seams,seams"], "seams is listed more than once"),
     ],
@@ -325,11 +329,11 @@ def test_records_are_json_and_settings_are_the_folders_identity(tiny_chat, tmp_p
     settings = json.loads((tmp_path / "cell.json").read_text())
     assert settings["selectors"] == ["seams"] and settings["rhos"] == [0.05, 0.1, 0.2, 0.4]
     deep = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="cacheblend:layer=3")
-    with pytest.raises(ValueError, match="the model has 3 layers, so check layers 1 to 2"):
+    with pytest.raises(UsageError, match="the model has 3 layers, so check layers 1 to 2"):
         run_arena(tiny_chat, deep, tmp_path / "deep", progress=False)
     assert not (tmp_path / "deep").exists()
     other = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="window")
-    with pytest.raises(ValueError, match="holds a run with other settings"):
+    with pytest.raises(UsageError, match="holds a run with other settings"):
         run_arena(tiny_chat, other, tmp_path, progress=False)
 
 
@@ -374,7 +378,7 @@ def test_the_readmes_arena_transfer_table_compares_like_with_like():
     table = report.transfer_table(folders)
     shown = table[["SmolLM2-135M: verdict", "Gemma 3 270M: verdict"]]
     assert (table["transfers"] == shown.nunique(axis=1).map({1: "yes", 2: "no"})).all()
-    with pytest.raises(ValueError, match="same model"):
+    with pytest.raises(UsageError, match="same model"):
         report.transfer_table([folders[0], folders[0]])
     readme = (RESULTS.parent / "README.md").read_text()
     for line in report.transfer_lines(folders).splitlines():

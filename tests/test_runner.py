@@ -6,6 +6,7 @@ import torch
 
 from bcr_core.analysis.stats import mcnemar_exact
 from bcr_core.analysis.summary import summarize
+from bcr_core.errors import UsageError
 from bcr_core.runs import run_files, runner
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import run_cell
@@ -85,16 +86,16 @@ def test_fidelity_is_recorded_per_item(tiny_chat, tmp_path):
 
 def test_rerun_with_other_settings_is_refused(tiny_chat, tmp_path):
     run_cell(tiny_chat, Cell("synthetic", 2, ("dense",), 1, max_new_tokens=2), tmp_path, progress=False)
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(UsageError, match="other settings"):
         run_cell(tiny_chat, Cell("synthetic", 2, ("dense",), 2, max_new_tokens=2), tmp_path, progress=False)
 
 
 def test_bad_cells_are_clear_errors():
-    with pytest.raises(ValueError, match="repeat"):
+    with pytest.raises(UsageError, match="repeat"):
         Cell("gsm8k", 3, ("kvcomm@0.5", "kvcomm@0.50"), 2)
-    with pytest.raises(ValueError, match="unknown condition"):
+    with pytest.raises(UsageError, match="unknown condition"):
         Cell("gsm8k", 3, ("densest",), 2)
-    with pytest.raises(ValueError, match="exceeds the 100 items"):
+    with pytest.raises(UsageError, match="exceeds the 100 items"):
         runner.benchmarks.load_items("gsm8k", 101)
 
 
