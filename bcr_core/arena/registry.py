@@ -25,7 +25,7 @@ from bcr_core.arena.context import CallContext
 from bcr_core.conditions import split_conditions
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import RANKS
-from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking
+from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking, Selector
 from bcr_core.reuse.segments import predicted_rows
 from bcr_core.settings import Int, Str
 from bcr_core.spec_grammar import Option
@@ -45,6 +45,18 @@ OPTIONS: dict[str, dict[str, Option]] = {
         "cap": Option(Int(1), search.CAP, "enumerate the chunk layout's sets when at most this many"),
         "evals": Option(Int(0), search.EVALS, "the local search's evaluations per call and budget"),
     },
+}
+# every selector's class under its name; `searched` is no ranking (`arena.search` finds its rows)
+SELECTORS: dict[str, type[Selector]] = {
+    "kv-error": arena_selectors.KVErrorSelector,
+    "kv-error-attn": arena_selectors.AttendedKVErrorSelector,
+    "draft": DraftSelector,
+    "coin": CoinSelector,
+    "cacheblend": CacheBlendSelector,
+    "question": arena_selectors.QuestionSelector,
+    "seams": arena_selectors.SeamsSelector,
+    "window": arena_selectors.WindowSelector,
+    "ours": arena_selectors.AttendedDeviationSelector,
 }
 # names records written before the rename hold: the K/V-error rankings were called oracles
 RENAMED = {"oracle": "kv-error", "oracle-attn": "kv-error-attn"}
@@ -74,11 +86,8 @@ class Entry:
         return torch.tensor(predicted_rows(spans, m), dtype=torch.long)
 
     def rank(self, bb, kv, ids, last_id, candidates, context: CallContext) -> Ranking:
-        rule = self.rule(context)
         rows = None if self.rank_rows == "all" else candidates
-        if isinstance(rule, (DraftSelector, CoinSelector, CacheBlendSelector)):  # the server's own selectors
-            return rule.rank(bb, kv, ids, last_id, rows)
-        return rule.rank(bb, kv, ids, last_id, rows, context=context)
+        return self.rule(context).rank(bb, kv, ids, last_id, rows, context=context)
 
 
 def current_label(label: str) -> str:
@@ -113,40 +122,17 @@ def call_seed(seed: int, key: tuple[int, ...]) -> int:
 
 def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
     name, options = parse_spec(spec)
-    rank_rows = options.get("rank", "all")
-    label = label_of(name, options)
-    if name == "draft":
-        selector = DraftSelector(options.get("k", paper.DRAFT_TOKENS))
-        return Entry(label, name, options, lambda c: selector, False, selector.k, rank_rows=rank_rows)
-    if name == "coin":
-        seed = options.setdefault("seed", 0)
-        label = label_of(name, options)
-        return Entry(
-            label,
-            name,
-            options,
-            lambda c: CoinSelector(call_seed(seed, c.key), unit=chunk),
-            False,
-            0,
-            rank_rows=rank_rows,
-        )
-    if name == "cacheblend":
-        selector = CacheBlendSelector(options.get("layer", 1))
-        return Entry(label, name, options, lambda c: selector, False, 1, rank_rows=rank_rows)
     if name == "searched":
-        return Entry(label, name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
-    cls = {
-        "kv-error": arena_selectors.KVErrorSelector,
-        "kv-error-attn": arena_selectors.AttendedKVErrorSelector,
-        "question": arena_selectors.QuestionSelector,
-        "seams": arena_selectors.SeamsSelector,
-        "window": arena_selectors.WindowSelector,
-        "ours": arena_selectors.AttendedDeviationSelector,
-    }[name]
-    selector = cls()
-    return Entry(
-        label, name, options, lambda c: selector, cls.row_rule, cls.passes, name.startswith("kv-error"), rank_rows
-    )
+        return Entry(label_of(name, options), name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
+    cls = SELECTORS[name]
+    if name == "coin":  # a fresh stream on every call, seeded by (its seed, the call's place in the run)
+        seed = options.setdefault("seed", 0)
+        rule, passes = (lambda c: CoinSelector(call_seed(seed, c.key), unit=chunk)), cls.passes
+    else:
+        selector = cls(**{k: v for k, v in options.items() if k != "rank"})  # draft's k, cacheblend's layer
+        rule, passes = (lambda c: selector), selector.passes
+    label = label_of(name, options)
+    return Entry(label, name, options, rule, cls.row_rule, passes, cls.reads_exact, options.get("rank", "all"))
 
 
 def make_entries(text: str, chunk: int = paper.CHUNK_ROWS, seeds: list[int] | None = None) -> list[Entry]:
