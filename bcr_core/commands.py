@@ -69,17 +69,17 @@ def cmd_run(args) -> int:
     from bcr_core.runs.runner import run_cell
 
     cell = make_cell(
-        args.benchmark,
-        args.agents,
-        split_conditions(args.conditions),
-        args.n,
-        args.max_new_tokens,
-        args.pinned,
-        args.model,
-        args.reference,
-        split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
-        args.item_seed,
-        args.fidelity,
+        benchmark=args.benchmark,
+        agents=args.agents,
+        conditions=split_conditions(args.conditions),
+        n=args.n,
+        max_new_tokens=args.max_new_tokens,
+        pinned=args.pinned,
+        model=args.model,
+        reference=args.reference,
+        seeds=split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
+        item_seed=args.item_seed,
+        fidelity=args.fidelity,
         prompt=args.prompt,
         stop=args.stop,
     )

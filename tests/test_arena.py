@@ -205,7 +205,15 @@ def arena_run(tiny_chat, tmp_path_factory):
 
 
 def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat, arena_run, tmp_path):
-    plain = make_cell("synthetic", 2, [ARENA.conditions[0]], 3, 4, item_seed=34, fidelity=True)
+    plain = make_cell(
+        benchmark="synthetic",
+        agents=2,
+        conditions=[ARENA.conditions[0]],
+        n=3,
+        max_new_tokens=4,
+        item_seed=34,
+        fidelity=True,
+    )
     run_cell(tiny_chat, plain, tmp_path / "run", progress=False)
     arena = read_jsonl(arena_run / "calls.jsonl")
     recorded = read_calls(tmp_path / "run" / "calls.jsonl")
@@ -383,3 +391,34 @@ def test_the_readmes_arena_transfer_table_compares_like_with_like():
     readme = (RESULTS.parent / "README.md").read_text()
     for line in report.transfer_lines(folders).splitlines():
         assert line in readme, line
+
+
+def test_every_selector_shares_one_protocol_and_the_registry_reads_its_costs_from_the_class():
+    """One protocol: `rank(bb, kv, ids, last_id, rows=None, *, context=None)`, and `row_rule`,
+    `passes`, `reads_exact` as class attributes; the entry's costs are the class's (the paper's k = 2
+    draft steps; a two-layer prefill for CacheBlend; the exact prefill for the K/V-error rankings)."""
+    import inspect
+
+    from bcr_core.arena.registry import SELECTORS
+    from bcr_core.repair.selectors import Selector
+
+    expected = {  # name: (row_rule, passes, reads_exact)
+        "kv-error": (False, 1, True),
+        "kv-error-attn": (False, 2, True),
+        "draft": (False, 2, False),
+        "coin": (False, 0, False),
+        "cacheblend": (False, 1, False),
+        "question": (False, 1, False),
+        "seams": (True, 0, False),
+        "window": (True, 0, False),
+        "ours": (False, 3, False),
+    }
+    assert set(SELECTORS) == set(expected) == set(OPTIONS) - {"searched"}
+    for name, cls in SELECTORS.items():
+        assert issubclass(cls, Selector) and cls.name == name
+        assert (cls.row_rule, cls.passes, cls.reads_exact) == expected[name], name
+        context = inspect.signature(cls.rank).parameters["context"]
+        assert context.kind is inspect.Parameter.KEYWORD_ONLY and context.default is None, name
+        entry = make_entry(name)
+        assert (entry.row_rule, entry.passes, entry.reads_exact) == expected[name], name
+    assert make_entry("draft:k=3").passes == 3 and make_entry("draft").passes == 2

@@ -191,17 +191,32 @@ def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(t
     old.mkdir()
     shutil.copy(RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json", old / "cell.json")
     conditions = committed["conditions"]
-    same = make_cell("synthetic", 3, conditions, 100, 8, model="gemma-3-270m")
+    same = make_cell(
+        benchmark="synthetic", agents=3, conditions=conditions, n=100, max_new_tokens=8, model="gemma-3-270m"
+    )
     run_files.check_folder(old, same)  # the same run: no error
     for changed in (dict(stop="line"), dict(prompt="one-shot")):
         with pytest.raises(UsageError, match="holds a run with other settings"):
-            run_files.check_folder(old, make_cell("synthetic", 3, conditions, 100, 8, model="gemma-3-270m", **changed))
+            run_files.check_folder(
+                old,
+                make_cell(
+                    benchmark="synthetic",
+                    agents=3,
+                    conditions=conditions,
+                    n=100,
+                    max_new_tokens=8,
+                    model="gemma-3-270m",
+                    **changed,
+                ),
+            )
 
-    new = make_cell("synthetic", 2, ["dense"], 2, 4, prompt="one-shot", stop="line")
+    new = make_cell(
+        benchmark="synthetic", agents=2, conditions=["dense"], n=2, max_new_tokens=4, prompt="one-shot", stop="line"
+    )
     files = run_files.RunFiles(tmp_path / "new", new)
     files.settle()
     files.release()
     written = json.loads((tmp_path / "new" / "cell.json").read_text())
     assert (written["prompt"], written["stop"]) == ("one-shot", "line")
     with pytest.raises(SettingError, match="stop"):
-        make_cell("synthetic", 2, ["dense"], 2, 4, stop="para")
+        make_cell(benchmark="synthetic", agents=2, conditions=["dense"], n=2, max_new_tokens=4, stop="para")

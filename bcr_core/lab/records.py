@@ -44,7 +44,7 @@ class Comparison:
 
     @property
     def extra(self) -> dict:
-        return {"seed": self.item_seed} if self.benchmark == "synthetic" else {}
+        return benchmarks.item_draw(self.benchmark, self.item_seed)
 
     def items(self) -> list[dict]:
         """The first n items, in the order every condition sees them."""

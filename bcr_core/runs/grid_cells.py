@@ -120,21 +120,7 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
         if setting.required and key not in defaults and key not in own:
             raise GridError(f"{path}: {where}.{key}: missing; set it in [defaults] or in [{where}]")
     try:  # an error names the setting it is about (`SettingError.key`), shown where the file set it
-        cell = make_cell(
-            settings["benchmark"],
-            settings["agents"],
-            settings["conditions"],
-            settings["n"],
-            settings["max_new_tokens"],
-            settings["pinned"],
-            settings["model"],
-            settings["reference"],
-            settings["seeds"],
-            settings["item_seed"],
-            settings["fidelity"],
-            prompt=settings["prompt"],
-            stop=settings["stop"],
-        )
+        cell = make_cell(**{key: value for key, value in settings.items() if key != "batch"})  # batch: how, not what
     except SettingError as err:
         shown_as = "" if err.label == cli_label(err.key) else f"{err.label}: "  # e.g. `condition LABEL: `
         raise GridError(f"{path}: {origin(err.key)}: {shown_as}{err.detail}") from None
