@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bcr-installed
 KERNEL := $(VENV)/share/jupyter/kernels/bcr-lab/kernel.json
 
-.PHONY: setup demo test
+.PHONY: setup demo test test-fast
 setup: $(STAMP) $(KERNEL)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium; } \
 		|| echo "chromium is missing and cannot be installed here: tests/test_browser.py will skip"
@@ -32,3 +32,9 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
+
+# The inner loop: lint, then every test that needs no real model, no notebook run and no browser.
+test-fast: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q -m "not real_model and not notebooks and not browser"

@@ -12,13 +12,6 @@ from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
 
 
-def load_backbone(model: str):
-    """Imported when a command needs the model, so `bcr --help` does not wait for torch."""
-    from bcr_core.engine.loading import load_backbone
-
-    return load_backbone(model)
-
-
 def print_table(table, args, digits: int | None = None) -> int:
     """A result table as JSON records (--json) or as aligned text; returns the exit code 0."""
     import pandas as pd
@@ -33,6 +26,7 @@ def print_table(table, args, digits: int | None = None) -> int:
 
 
 def cmd_verify(args) -> int:
+    from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.verify import verify
 
     report = verify(load_backbone(args.model), prompt=args.prompt)
@@ -57,6 +51,7 @@ def cmd_verify(args) -> int:
 def cmd_demo(args) -> int:
     import pandas as pd
 
+    from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.demo import demo
 
     if args.new_tokens < 1:
@@ -69,21 +64,22 @@ def cmd_demo(args) -> int:
 def cmd_run(args) -> int:
     from bcr_core.analysis.summary import summarize
     from bcr_core.conditions import split_conditions
+    from bcr_core.engine.loading import load_backbone
     from bcr_core.runs.cell import make_cell
     from bcr_core.runs.runner import run_cell
 
     cell = make_cell(
-        args.benchmark,
-        args.agents,
-        split_conditions(args.conditions),
-        args.n,
-        args.max_new_tokens,
-        args.pinned,
-        args.model,
-        args.reference,
-        split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
-        args.item_seed,
-        args.fidelity,
+        benchmark=args.benchmark,
+        agents=args.agents,
+        conditions=split_conditions(args.conditions),
+        n=args.n,
+        max_new_tokens=args.max_new_tokens,
+        pinned=args.pinned,
+        model=args.model,
+        reference=args.reference,
+        seeds=split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
+        item_seed=args.item_seed,
+        fidelity=args.fidelity,
         prompt=args.prompt,
         stop=args.stop,
     )
@@ -96,6 +92,7 @@ def cmd_run(args) -> int:
 def cmd_arena(args) -> int:
     from bcr_core.arena.measures import arena_frame, selector_table
     from bcr_core.arena.run import make_arena_cell, run_arena
+    from bcr_core.engine.loading import load_backbone
     from bcr_core.records import read_calls
 
     cell = make_arena_cell(
@@ -130,6 +127,7 @@ def cmd_arena(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.calibration import GOAL, calibrate, choose
 
     table = calibrate(load_backbone(args.model), args.out, args.n, args.item_seed, args.agents, args.max_new_tokens)
@@ -158,6 +156,7 @@ def cmd_grid(args) -> int:
 
 
 def cmd_unit_curve(args) -> int:
+    from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.unit_curve import (
         UnitCurveConfig,
         default_texts,
@@ -182,6 +181,7 @@ def cmd_unit_curve(args) -> int:
 
 
 def cmd_ttft(args) -> int:
+    from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.latency import check_lengths, check_settings, ttft_table
 
     lengths, rhos = split_list(args.lengths, int, "--lengths"), split_list(args.rho, float, "--rho")
@@ -254,10 +254,7 @@ def cmd_explore(args) -> int:
         if args.check:
             print(json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"ok: {source}")
             return 0
-        try:
-            server = app.start(prepared.notebook, args.port, explicit=prepared.explicit)
-        except RuntimeError as err:
-            raise UsageError(f"voila did not start: {err}") from None
+        server = app.start(prepared.notebook, args.port, explicit=prepared.explicit)
         print(
             json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"explorer: {url}\n{source}"
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bcr_core import paper
+from bcr_core import paper, spec_grammar
 from bcr_core.agents.call_policies import RandomAllocationServer, protect_leaf, protect_root
 from bcr_core.errors import UsageError
 from bcr_core.repair.bcr import BCRServer, MatchedBudget
@@ -26,21 +26,8 @@ from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
-from bcr_core.settings import Float, Int, Kind, SettingError, Str, check_setting
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option a condition takes: the kind of value it accepts (`bcr_core.settings`) and its default."""
-
-    kind: Kind
-    default: object
-    about: str = ""
-
-    def read(self, key: str, raw: str):
-        """The option's value from its text, checked by the one validator (`settings.check_setting`)."""
-        return check_setting(key, self.kind.from_text(raw), self.kind, label=f"option {key}")
-
+from bcr_core.settings import Float, Int, Str
+from bcr_core.spec_grammar import Option
 
 GATE = {"gamma": Option(Float(0.0, 1.0), KVCommConfig.gamma, "KVComm's entropy gate (Equation 2)")}
 SEED = {"seed": Option(Int(), 0, "the coin's stream")}
@@ -78,12 +65,7 @@ class Condition:
 
     @property
     def label(self) -> str:
-        text = self.name if self.value is None else f"{self.name}@{self.value:g}"
-        if self.options:
-            text += ":" + ",".join(
-                f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(self.options.items())
-            )
-        return text
+        return spec_grammar.label(self.name, self.value, self.options)
 
     def option(self, key: str):
         """The option's value as written, else its default for this condition."""
@@ -102,28 +84,14 @@ class Condition:
 
 
 def parse(spec: str) -> Condition:
-    head, _, tail = spec.strip().partition(":")
-    name, _, value = head.partition("@")
+    name, value, pairs = spec_grammar.split(spec)
     if name not in SPECS:
         raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(SPECS))}")
     try:
         number = float(value) if value else None
     except ValueError:
         raise UsageError(f"cannot read condition {spec!r}: expected name[@number][:key=value,...]") from None
-    takes = SPECS[name].options
-    options = {}
-    for pair in filter(None, (p.strip() for p in tail.split(","))):
-        key, eq, raw = (part.strip() for part in pair.partition("="))
-        if not eq or not raw:
-            raise UsageError(f"cannot read condition {spec!r}: option {pair!r} is not key=value")
-        if key not in takes:
-            offered = ", ".join(sorted(takes)) or "none"
-            raise UsageError(f"condition {name!r} takes no option {key!r} (in {spec!r}); its options: {offered}")
-        try:
-            options[key] = takes[key].read(key, raw)
-        except SettingError as error:
-            raise UsageError(f"condition {spec!r}: {error}") from None
-    return Condition(name, number, options)
+    return Condition(name, number, spec_grammar.read_options(spec, "condition", name, pairs, SPECS[name].options))
 
 
 def split_conditions(text: str) -> list[str]:
@@ -143,15 +111,7 @@ def split_conditions(text: str) -> list[str]:
 
 def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
     """Coin conditions without a seed run once per seed in `seeds`; everything else once."""
-    if not seeds:
-        return conditions
-    out = []
-    for spec in conditions:
-        if spec.startswith("coin-") and "seed=" not in spec:
-            out += [f"{spec}{',' if ':' in spec else ':'}seed={s}" for s in seeds]
-        else:
-            out.append(spec)
-    return out
+    return spec_grammar.expand_seeds(conditions, seeds, lambda name: name.startswith("coin-"))
 
 
 def make_server(bb, spec: str | Condition):

@@ -27,7 +27,7 @@ def written_whole(path: Path) -> Iterator[Path]:
 
 
 def utf8_text(path: Path, expected: str) -> str:
-    """The file's text; a file that is not UTF-8 (a gzip'd one, say) is a ValueError naming it and
+    """The file's text; a file that is not UTF-8 (a gzip'd one, say) is a UsageError naming it and
     `expected`, what it should hold. OSErrors (a missing file) are left to the caller."""
     raw = Path(path).read_bytes()
     try:

@@ -18,6 +18,20 @@ from bcr_core.engine.backbone import Backbone
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
 
+REAL_MODELS = {"real", "gemma"}  # the fixtures that load a real model
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test-fast` leaves out what needs a real model, a notebook run or a browser: a test that
+    asks for a real model is marked `real_model` here, so no test can forget the mark; every test of
+    test_browser.py is `browser`."""
+    for item in items:
+        if REAL_MODELS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_model)
+        if item.path.name == "test_browser.py":
+            item.add_marker(pytest.mark.browser)
+
+
 def tiny_llama_config(**overrides) -> LlamaConfig:
     settings = dict(
         vocab_size=128,

@@ -1,4 +1,4 @@
-"""The selector arena (issue 24): each selector's rule against a written-out version on a tiny random
+"""The selector arena: each selector's rule against a written-out version on a tiny random
 model's cache, full budgets against token-matched Dense, the arena's draft against what `bcr run`
 records for the same calls, the measures, and bad input refused before any work."""
 
@@ -20,6 +20,7 @@ from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
 from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main
 from bcr_core.engine.kv import KV
+from bcr_core.errors import UsageError
 from bcr_core.records import read_calls, read_jsonl
 from bcr_core.repair.selectors import CacheBlendSelector
 from bcr_core.runs.cell import make_cell
@@ -204,7 +205,15 @@ def arena_run(tiny_chat, tmp_path_factory):
 
 
 def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat, arena_run, tmp_path):
-    plain = make_cell("synthetic", 2, [ARENA.conditions[0]], 3, 4, item_seed=34, fidelity=True)
+    plain = make_cell(
+        benchmark="synthetic",
+        agents=2,
+        conditions=[ARENA.conditions[0]],
+        n=3,
+        max_new_tokens=4,
+        item_seed=34,
+        fidelity=True,
+    )
     run_cell(tiny_chat, plain, tmp_path / "run", progress=False)
     arena = read_jsonl(arena_run / "calls.jsonl")
     recorded = read_calls(tmp_path / "run" / "calls.jsonl")
@@ -306,7 +315,10 @@ def test_verdicts_are_one_holm_family_and_ours_is_read_on_the_second_half():
         (["--rho", "1.5"], "rho must lie in [0, 1], got 1.5"),
         (["--rhos", "0.1,-0.2"], "rho must lie in [0, 1], got -0.2"),
         (["--selectors", "draft,oracel"], "unknown selector 'oracel'; known: kv-error, kv-error-attn, draft"),
-        (["--selectors", "cacheblend:depth=2"], "selector 'cacheblend' takes no option 'depth=2'; its options"),
+        (
+            ["--selectors", "cacheblend:depth=2"],
+            "selector 'cacheblend' takes no option 'depth' (in 'cacheblend:depth=2'); its options: layer, rank",
+        ),
         (["--selectors", "draft:rank=some"], "option rank: expected str (one of 'all', 'predicted'), got 'some'"),
         (["--selectors", "seams,seams"], "seams is listed more than once"),
     ],
@@ -325,11 +337,11 @@ def test_records_are_json_and_settings_are_the_folders_identity(tiny_chat, tmp_p
     settings = json.loads((tmp_path / "cell.json").read_text())
     assert settings["selectors"] == ["seams"] and settings["rhos"] == [0.05, 0.1, 0.2, 0.4]
     deep = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="cacheblend:layer=3")
-    with pytest.raises(ValueError, match="the model has 3 layers, so check layers 1 to 2"):
+    with pytest.raises(UsageError, match="the model has 3 layers, so check layers 1 to 2"):
         run_arena(tiny_chat, deep, tmp_path / "deep", progress=False)
     assert not (tmp_path / "deep").exists()
     other = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="window")
-    with pytest.raises(ValueError, match="holds a run with other settings"):
+    with pytest.raises(UsageError, match="holds a run with other settings"):
         run_arena(tiny_chat, other, tmp_path, progress=False)
 
 
@@ -374,8 +386,39 @@ def test_the_readmes_arena_transfer_table_compares_like_with_like():
     table = report.transfer_table(folders)
     shown = table[["SmolLM2-135M: verdict", "Gemma 3 270M: verdict"]]
     assert (table["transfers"] == shown.nunique(axis=1).map({1: "yes", 2: "no"})).all()
-    with pytest.raises(ValueError, match="same model"):
+    with pytest.raises(UsageError, match="same model"):
         report.transfer_table([folders[0], folders[0]])
     readme = (RESULTS.parent / "README.md").read_text()
     for line in report.transfer_lines(folders).splitlines():
         assert line in readme, line
+
+
+def test_every_selector_shares_one_protocol_and_the_registry_reads_its_costs_from_the_class():
+    """One protocol: `rank(bb, kv, ids, last_id, rows=None, *, context=None)`, and `row_rule`,
+    `passes`, `reads_exact` as class attributes; the entry's costs are the class's (the paper's k = 2
+    draft steps; a two-layer prefill for CacheBlend; the exact prefill for the K/V-error rankings)."""
+    import inspect
+
+    from bcr_core.arena.registry import SELECTORS
+    from bcr_core.repair.selectors import Selector
+
+    expected = {  # name: (row_rule, passes, reads_exact)
+        "kv-error": (False, 1, True),
+        "kv-error-attn": (False, 2, True),
+        "draft": (False, 2, False),
+        "coin": (False, 0, False),
+        "cacheblend": (False, 1, False),
+        "question": (False, 1, False),
+        "seams": (True, 0, False),
+        "window": (True, 0, False),
+        "ours": (False, 3, False),
+    }
+    assert set(SELECTORS) == set(expected) == set(OPTIONS) - {"searched"}
+    for name, cls in SELECTORS.items():
+        assert issubclass(cls, Selector) and cls.name == name
+        assert (cls.row_rule, cls.passes, cls.reads_exact) == expected[name], name
+        context = inspect.signature(cls.rank).parameters["context"]
+        assert context.kind is inspect.Parameter.KEYWORD_ONLY and context.default is None, name
+        entry = make_entry(name)
+        assert (entry.row_rule, entry.passes, entry.reads_exact) == expected[name], name
+    assert make_entry("draft:k=3").passes == 3 and make_entry("draft").passes == 2

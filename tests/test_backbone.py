@@ -180,6 +180,39 @@ def test_draft_leaves_the_cache_exactly_as_before(tiny, case):
     assert torch.equal(corrupted.positions, before.positions)
 
 
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_a_prefill_through_the_first_layers_is_the_full_prefills_first_layers_and_leaves_the_model_alone(
+    tiny, case, layers
+):
+    """Layer i's keys and values depend only on the layers below it, so the first `layers` of a dense
+    prefill are the reference; while and after it runs, the model's config and layer list are its own."""
+    cached = case[0]
+    base = tiny.model.base_model
+    modules, total = list(base.layers), tiny.config.num_hidden_layers
+    seen = []
+    hook = base.layers[0].register_forward_hook(
+        lambda *_: seen.append((tiny.config.num_hidden_layers, len(base.layers)))
+    )
+    try:
+        first = tiny.prefill_layers(cached, layers=layers)
+    finally:
+        hook.remove()
+    full = tiny.prefill(cached)
+    assert first.keys.shape[0] == layers
+    assert torch.equal(first.keys, full.keys[:layers]) and torch.equal(first.values, full.values[:layers])
+    assert torch.equal(first.positions, full.positions)
+    assert seen == [(total, total)]  # the model was whole while the probe ran
+    assert tiny.config.num_hidden_layers == total and all(a is b for a, b in zip(base.layers, modules))
+    assert len(base.layers) == total
+
+
+def test_a_prefill_through_the_first_layers_refuses_a_count_outside_the_model(tiny, case):
+    total = tiny.config.num_hidden_layers
+    for bad in (0, total + 1):
+        with pytest.raises(ValueError, match=rf"layers must lie in \[1, {total}\], got {bad}"):
+            tiny.prefill_layers(case[0], layers=bad)
+
+
 def test_draft_tokens_and_attention_match_an_independent_dense_pass(tiny, case):
     cached, last, dense, _ = case
     draft = tiny.draft(dense, last, k=2)

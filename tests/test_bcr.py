@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bcr_core.conditions import make_server, parse
+from bcr_core.errors import UsageError
 from bcr_core.repair.row_scores import row_scores
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector
 from bcr_core.reuse.anchors import KVCommConfig
@@ -169,7 +170,7 @@ def test_allocation_policies_force_dense_where_they_say(tiny_chat):
     ],
 )
 def test_bad_conditions_are_clear_errors(tiny_chat, spec, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UsageError, match=message):
         make_server(tiny_chat, spec)
 
 

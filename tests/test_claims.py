@@ -10,6 +10,7 @@ import pytest
 
 from bcr_core import records as record_files
 from bcr_core.analysis import claims, claims_grid, claims_report, inference, protocol
+from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import run_cell
@@ -252,7 +253,7 @@ def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_c
     table = claims_grid.grid_table(items, calls, list(cell.conditions), reference="kvcomm:gamma=1")
     assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
     record_files.export(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
-    with pytest.raises(ValueError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):
+    with pytest.raises(UsageError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):
         claims_grid.load_runs(tmp_path / "results")
 
 

@@ -13,6 +13,7 @@ from bcr_core import lab
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
 from bcr_core.analysis.summary import summarize
 from bcr_core.conditions import make_server, parse
+from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import Chunk, LayoutConfig
 from bcr_core.reuse.calls import CallRecord
 from bcr_core.runs.cell import Cell
@@ -141,13 +142,13 @@ def test_wasted_rows_are_counted_and_rank_predicted_wastes_none(tiny_chat, name)
 
 
 def test_unknown_and_repeated_condition_options_are_refused():
-    with pytest.raises(ValueError, match=r"takes no option 'chunks'.*its options: chunk, gamma, rank, skip"):
+    with pytest.raises(UsageError, match=r"takes no option 'chunks'.*its options: chunk, gamma, rank, skip"):
         parse("bcr-chunk:chunks=16")
-    with pytest.raises(ValueError, match=r"takes no option 'rho'"):
+    with pytest.raises(UsageError, match=r"takes no option 'rho'"):
         parse("bcr-chunk:rho=1.0")
-    with pytest.raises(ValueError, match=r"option rank: expected str \(one of 'all', 'predicted'\), got 'everything'"):
+    with pytest.raises(UsageError, match=r"option rank: expected str \(one of 'all', 'predicted'\), got 'everything'"):
         parse("coin-chunk:rank=everything")
-    with pytest.raises(ValueError, match="repeat one run"):
+    with pytest.raises(UsageError, match="repeat one run"):
         Cell("synthetic", 2, ("bcr-chunk", "bcr-chunk@0.2"), 3)
     assert parse("bcr-chunk:chunk=16,rank=predicted").option("rank") == "predicted"
 

@@ -8,6 +8,7 @@ import pytest
 
 from bcr_core.data import benchmarks, datasets
 from bcr_core.engine.assets import AssetError, cache_dir
+from bcr_core.errors import UsageError
 
 EXPECTED_ROWS = {"gsm8k.jsonl": 100, "mmlu_153.jsonl": 153, "humaneval.jsonl.gz": 164}
 
@@ -125,7 +126,7 @@ def test_load_dispatches_and_rejects_unknown_names():
     assert len(benchmarks.load_items("gsm8k")) == 100
     assert len(benchmarks.load_items("MMLU")) == 153
     assert len(benchmarks.load_items("synthetic", 4, seed=1)) == 4
-    with pytest.raises(ValueError, match="known benchmarks: gsm8k, humaneval, mmlu, synthetic"):
+    with pytest.raises(UsageError, match="known benchmarks: gsm8k, humaneval, mmlu, synthetic"):
         benchmarks.load_items("gsm8k-full")
 
 

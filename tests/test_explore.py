@@ -11,6 +11,7 @@ import torch
 
 from bcr_core import lab
 from bcr_core.cli import main
+from bcr_core.errors import UsageError
 from bcr_core.lab import app
 from bcr_core.lab import inspection as saved
 from bcr_core.repair.layouts import LayoutConfig
@@ -60,13 +61,13 @@ def test_a_saved_inspection_loads_back_to_identical_views(served, tiny_chat, tmp
 
 def test_a_saved_inspection_with_other_settings_or_a_bad_file_is_refused(served, tmp_path):
     path = saved.save(served, tmp_path, SETTINGS)
-    with pytest.raises(ValueError, match=r"was saved with rho=0.2, not 0.3"):
+    with pytest.raises(UsageError, match=r"was saved with rho=0.2, not 0.3"):
         saved.load(path, SETTINGS | {"rho": 0.3})
     assert saved.find(SETTINGS | {"n": 5}, [tmp_path]) is None
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="is not a saved inspection"):
+    with pytest.raises(UsageError, match="is not a saved inspection"):
         saved.load(tmp_path / "junk.pt")
-    with pytest.raises(ValueError, match="settings need"):
+    with pytest.raises(UsageError, match="settings need"):
         saved.file_name({"n": 3})
 
 

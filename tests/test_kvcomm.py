@@ -10,6 +10,7 @@ from scipy.stats import entropy
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.kv import KV
+from bcr_core.errors import UsageError
 from bcr_core.reuse.anchors import (
     ENTROPY,
     NO_ANCHORS,
@@ -136,9 +137,9 @@ def test_eviction_finds_its_victim_among_anchors_of_the_same_segment():
 
 
 def test_config_rejects_out_of_range_values():
-    with pytest.raises(ValueError, match="gamma"):
+    with pytest.raises(UsageError, match="gamma"):
         KVCommConfig(gamma=1.5)
-    with pytest.raises(ValueError, match="top_p"):
+    with pytest.raises(UsageError, match="top_p"):
         KVCommConfig(top_p=0.0)
 
 

@@ -5,6 +5,7 @@ import random
 import pandas as pd
 import pytest
 
+from bcr_core.errors import UsageError
 from bcr_core.probes.bound import Rates, Shape, call_flops, call_passes
 from bcr_core.probes.latency import summarize_ttft, symbol_segment, ttft_calls
 
@@ -31,7 +32,7 @@ def test_every_call_is_served_every_way_and_paired(tiny_chat):
 
 
 def test_samples_must_be_positive(tiny_chat):
-    with pytest.raises(ValueError, match="samples"):
+    with pytest.raises(UsageError, match="samples"):
         ttft_calls(tiny_chat, lengths=(64,), samples=0)
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import Chunk, Grow, LayoutConfig, Single, layout
 
 
@@ -65,10 +66,10 @@ def test_grow_at_full_budget_covers_every_row():
 
 @pytest.mark.parametrize("rho", [-0.1, 1.5])
 def test_rho_outside_the_unit_interval_is_an_error(rho):
-    with pytest.raises(ValueError, match=r"rho must lie in \[0, 1\]"):
+    with pytest.raises(UsageError, match=r"rho must lie in \[0, 1\]"):
         Single(NO_SKIP).rows(torch.rand(10), rho)
 
 
 def test_unknown_layout_is_an_error():
-    with pytest.raises(ValueError, match="unknown layout 'tile'"):
+    with pytest.raises(UsageError, match="unknown layout 'tile'"):
         layout("tile")

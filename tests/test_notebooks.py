@@ -14,6 +14,7 @@ import torch
 
 from bcr_core import lab
 from bcr_core.cli import main
+from bcr_core.errors import UsageError
 from bcr_core.lab import inspection, params
 from bcr_core.lab.notebooks import (
     NotebookError,
@@ -208,7 +209,7 @@ def test_collect_reads_an_existing_run_under_another_label(tiny_chat, tmp_path):
     )
     assert set(runs.sources.values()) == {tmp_path / "by-bcr-run"}  # nothing recomputed (there is no model)
     assert list(runs.items["condition"].unique()) == ["dense", "kvcomm", "bcr-single@0.2:gamma=1"]
-    with pytest.raises(ValueError, match="no model to compute it with"):
+    with pytest.raises(UsageError, match="no model to compute it with"):
         lab.collect(COMPARISON, ["bcr-grow"], tmp_path, backbone=None, progress=False)
 
 

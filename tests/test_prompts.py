@@ -6,6 +6,7 @@ import pytest
 
 from bcr_core.agents.graph import FINAL, full_connected
 from bcr_core.data import roles, synthetic
+from bcr_core.errors import UsageError
 from bcr_core.reuse.prompts import Template, base_prefix, begin_of_text, build_prompt, tokenization_diff
 from bcr_core.settings import SettingError
 
@@ -63,14 +64,14 @@ def test_full_connected_wiring():
 
 @pytest.mark.parametrize("n", [1, 6])
 def test_agent_count_outside_range_is_an_error(n):
-    with pytest.raises(ValueError, match="between 2 and 5"):
+    with pytest.raises(UsageError, match="between 2 and 5"):
         full_connected("gsm8k", n)
 
 
 def test_unknown_role_and_benchmark_are_errors():
-    with pytest.raises(ValueError, match="unknown role"):
+    with pytest.raises(UsageError, match="unknown role"):
         full_connected("gsm8k", 2, pinned="Poet")
-    with pytest.raises(ValueError, match="unknown benchmark"):
+    with pytest.raises(UsageError, match="unknown benchmark"):
         full_connected("chess", 2)
 
 

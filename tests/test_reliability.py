@@ -17,6 +17,7 @@ from bcr_core.data import datasets
 from bcr_core.engine import models
 from bcr_core.engine.architectures import ModelError
 from bcr_core.engine.assets import AssetError
+from bcr_core.errors import UsageError
 from bcr_core.runs import run_files, runner
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.run_files import RunFiles
@@ -60,20 +61,20 @@ def test_an_unreadable_middle_line_stops_the_run_and_changes_nothing(tiny_chat, 
     lines[line - 1] = damage(lines[line - 1])
     (out / name).write_text("\n".join(lines))
     before = snapshot(out)
-    with pytest.raises(ValueError, match=rf"{name}, line {line}: unreadable record .* nothing was changed on disk"):
+    with pytest.raises(UsageError, match=rf"{name}, line {line}: unreadable record .* nothing was changed on disk"):
         run_cell(tiny_chat, CELL, out, progress=False)
     assert snapshot(out) == before
 
 
 def test_a_folder_with_records_but_no_settings_is_refused(tmp_path):
     (tmp_path / "items.jsonl").write_text('{"condition": "dense", "item_id": "0"}\n')
-    with pytest.raises(ValueError, match="holds records but no cell.json"):
+    with pytest.raises(UsageError, match="holds records but no cell.json"):
         RunFiles(tmp_path, CELL)
 
 
 def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
     first = RunFiles(tmp_path, CELL)
-    with pytest.raises(ValueError, match=rf"being written by another process \(pid {os.getpid()}\)"):
+    with pytest.raises(UsageError, match=rf"being written by another process \(pid {os.getpid()}\)"):
         RunFiles(tmp_path, CELL)
     first.release()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -85,7 +86,7 @@ def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
 
 
 def test_a_bad_reference_fails_before_any_work_and_is_not_part_of_the_identity(tiny_chat, finished, tmp_path):
-    with pytest.raises(ValueError, match="--reference: kvcomm@0.5 is not among the conditions"):
+    with pytest.raises(UsageError, match="--reference: kvcomm@0.5 is not among the conditions"):
         Cell("synthetic", 2, ("dense", "kvcomm"), 4, reference="kvcomm@0.5")
     out = tmp_path / "run"
     out.mkdir()
@@ -240,7 +241,7 @@ def test_mistaken_arguments_are_one_line_errors(argv, message, capsys, tmp_path,
 def test_several_options_of_one_condition_survive_the_command_line(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(runner, "run_cell", lambda bb, cell, out, **k: seen.setdefault("cell", cell) and pytest.skip())
-    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda args: None)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda args: None)
     with pytest.raises(pytest.skip.Exception):
         main(
             [
@@ -267,7 +268,7 @@ def test_several_options_of_one_condition_survive_the_command_line(tmp_path, mon
 )
 def test_an_out_that_cannot_hold_a_run_is_a_clear_error(make, message, tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UsageError, match=message):
         RunFiles(make(tmp_path) if callable(make) else make, CELL)
 
 
@@ -282,11 +283,11 @@ def test_bcr_cache_pointing_at_a_file_is_one_line(tmp_path, monkeypatch, capsys)
 def test_prompts_that_are_a_folder_or_malformed_name_the_file_and_line(tmp_path):
     from bcr_core.probes.unit_curve import read_prompts
 
-    with pytest.raises(ValueError, match="is a folder"):
+    with pytest.raises(UsageError, match="is a folder"):
         read_prompts(tmp_path)
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"text": "a"}\n{"text": \n')
-    with pytest.raises(ValueError, match=r"p.jsonl:2: each line must be a JSON object"):
+    with pytest.raises(UsageError, match=r"p.jsonl:2: each line must be a JSON object"):
         read_prompts(bad)
 
 
@@ -407,7 +408,7 @@ def test_resume_trusts_only_complete_items_and_stops_on_anything_else(tiny_chat,
     for name, change in changes.items():
         edit_lines(out / name, change)
     before = snapshot(out)
-    with pytest.raises(ValueError, match=message + r".*nothing was changed on disk"):
+    with pytest.raises(UsageError, match=message + r".*nothing was changed on disk"):
         run_cell(tiny_chat, CELL, out, progress=False)
     assert snapshot(out) == before
 
@@ -442,7 +443,7 @@ def test_a_torn_item_line_is_redone_and_records_are_written_through_symlinks(tin
 )
 def test_a_cell_json_that_is_not_settings_names_the_file(tmp_path, content, found):
     (tmp_path / "cell.json").write_bytes(content)
-    with pytest.raises(ValueError, match=rf"cell.json should hold a run's settings as a JSON object, but {found}"):
+    with pytest.raises(UsageError, match=rf"cell.json should hold a run's settings as a JSON object, but {found}"):
         RunFiles(tmp_path, CELL)
 
 
@@ -457,23 +458,23 @@ def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
     from bcr_core.runs.grid_cells import read_grid
 
     gzipped(tmp_path / "cell.json", (finished / "cell.json").read_text())
-    with pytest.raises(ValueError, match=r"cell.json is not UTF-8 text \(byte 1, it is gzip'd\); expected a run's"):
+    with pytest.raises(UsageError, match=r"cell.json is not UTF-8 text \(byte 1, it is gzip'd\); expected a run's"):
         RunFiles(tmp_path, CELL)
     out = copied(finished, tmp_path)
     gzipped(out / CALLS, (finished / CALLS).read_text())
-    with pytest.raises(ValueError, match=r"run/calls.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected rec"):
+    with pytest.raises(UsageError, match=r"run/calls.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected rec"):
         run_files.read_jsonl(out / CALLS)
     (tmp_path / "grid.toml").write_bytes(b"[defaults]\nn = 2 # \xe9t\xe9\n")  # Latin-1
-    with pytest.raises(ValueError, match=r"grid.toml is not UTF-8 text \(byte 19\); expected a grid file in TOML"):
+    with pytest.raises(UsageError, match=r"grid.toml is not UTF-8 text \(byte 19\); expected a grid file in TOML"):
         read_grid(tmp_path / "grid.toml")
     gzipped(tmp_path / "p.jsonl", '{"text": "a"}\n')
-    with pytest.raises(ValueError, match=r"p.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected JSON lines"):
+    with pytest.raises(UsageError, match=r"p.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected JSON lines"):
         read_prompts(tmp_path / "p.jsonl")
 
 
 def test_a_condition_refused_while_building_leaves_the_folder_usable(tiny_chat, tmp_path):
     small = dict(n=1, max_new_tokens=2, extra={"seed": 7})
-    with pytest.raises(ValueError, match="cacheblend-reuse needs the paired BCR-chunk reuse rate"):
+    with pytest.raises(UsageError, match="cacheblend-reuse needs the paired BCR-chunk reuse rate"):
         run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse"), **small), tmp_path, progress=False)
     assert not (tmp_path / "cell.json").exists() and not (tmp_path / ".lock").exists()
     assert len(run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse@0.5"), **small), tmp_path)) == 2
@@ -491,7 +492,7 @@ def test_a_condition_refused_while_building_leaves_the_folder_usable(tiny_chat, 
     ],
 )
 def test_a_value_no_server_takes_names_the_condition(condition, message):
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(UsageError) as refused:
         Cell("synthetic", 2, ("dense", condition), 2)
     assert str(refused.value) == message
 
@@ -509,7 +510,7 @@ def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished
         real_append(path, rows)
 
     monkeypatch.setattr(run_files, "append_jsonl", fill_up)
-    with pytest.raises(ValueError, match=rf"the disk is full \({os.strerror(code)}\) while appending item .*intact"):
+    with pytest.raises(UsageError, match=rf"the disk is full \({os.strerror(code)}\) while appending item .*intact"):
         run_cell(tiny_chat, CELL, tmp_path, progress=False)
     assert len(run_files.read_jsonl(tmp_path / ITEMS)) == 3
     monkeypatch.setattr(run_files, "append_jsonl", real_append)
@@ -533,7 +534,7 @@ def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_pa
         real_append(self, item, calls)
 
     monkeypatch.setattr(run_files.RunFiles, "append", interrupt_at_third)
-    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: tiny_chat)
     assert main(run_args(tmp_path / "r")) == 130
     err = capsys.readouterr().err.strip()  # the progress bar's lines, then one line
     assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
@@ -597,7 +598,7 @@ def test_a_grid_cell_with_a_bad_record_is_named_before_any_work(finished, tmp_pa
     (tmp_path / "out").mkdir()
     copied(finished, tmp_path / "out").rename(tmp_path / "out" / "a")
     edit_lines(tmp_path / "out" / "a" / ITEMS, lambda ls: with_record(ls, 12, index="3"))
-    monkeypatch.setattr(grid_cells, "backbone", lambda model: pytest.fail("work started"))
+    monkeypatch.setattr(grid_cells, "shared_backbone", lambda model: pytest.fail("work started"))
     with pytest.raises(grid_cells.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
         grid.run_grid(cells, tmp_path / "out", progress=False)
 
@@ -663,7 +664,7 @@ def test_missing_or_truncated_data_names_the_file(tmp_path, monkeypatch, capsys,
     monkeypatch.setattr(datasets, "_package_data_dir", lambda: tmp_path)
     with pytest.raises(AssetError, match=message):
         getattr(datasets, load)()
-    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda model: None)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: None)
     benchmark = {"load_gsm8k": "gsm8k", "load_mmlu": "mmlu", "load_humaneval": "humaneval"}[load]
     argv = ["run", "--benchmark", benchmark, "--agents", "2", "--conditions", "dense", "--n", "1"]
     assert main([*argv, "--out", str(tmp_path / "run")]) == 2
@@ -704,7 +705,7 @@ def test_calls_past_the_models_context_or_the_free_memory_are_refused_before_any
 
     if free is not None:
         monkeypatch.setattr(capacity, "available_bytes", lambda device: free)
-    monkeypatch.setattr("bcr_core.commands.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: tiny_chat)
     monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
     monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
     assert main([*argv, *(["--out", str(tmp_path / "r")] if argv[0] == "run" else [])]) == 2

@@ -6,6 +6,7 @@ import torch
 
 from bcr_core.analysis.stats import mcnemar_exact
 from bcr_core.analysis.summary import summarize
+from bcr_core.errors import UsageError
 from bcr_core.runs import run_files, runner
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import run_cell
@@ -85,16 +86,16 @@ def test_fidelity_is_recorded_per_item(tiny_chat, tmp_path):
 
 def test_rerun_with_other_settings_is_refused(tiny_chat, tmp_path):
     run_cell(tiny_chat, Cell("synthetic", 2, ("dense",), 1, max_new_tokens=2), tmp_path, progress=False)
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(UsageError, match="other settings"):
         run_cell(tiny_chat, Cell("synthetic", 2, ("dense",), 2, max_new_tokens=2), tmp_path, progress=False)
 
 
 def test_bad_cells_are_clear_errors():
-    with pytest.raises(ValueError, match="repeat"):
+    with pytest.raises(UsageError, match="repeat"):
         Cell("gsm8k", 3, ("kvcomm@0.5", "kvcomm@0.50"), 2)
-    with pytest.raises(ValueError, match="unknown condition"):
+    with pytest.raises(UsageError, match="unknown condition"):
         Cell("gsm8k", 3, ("densest",), 2)
-    with pytest.raises(ValueError, match="exceeds the 100 items"):
+    with pytest.raises(UsageError, match="exceeds the 100 items"):
         runner.benchmarks.load_items("gsm8k", 101)
 
 
@@ -190,17 +191,32 @@ def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(t
     old.mkdir()
     shutil.copy(RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json", old / "cell.json")
     conditions = committed["conditions"]
-    same = make_cell("synthetic", 3, conditions, 100, 8, model="gemma-3-270m")
+    same = make_cell(
+        benchmark="synthetic", agents=3, conditions=conditions, n=100, max_new_tokens=8, model="gemma-3-270m"
+    )
     run_files.check_folder(old, same)  # the same run: no error
     for changed in (dict(stop="line"), dict(prompt="one-shot")):
         with pytest.raises(UsageError, match="holds a run with other settings"):
-            run_files.check_folder(old, make_cell("synthetic", 3, conditions, 100, 8, model="gemma-3-270m", **changed))
+            run_files.check_folder(
+                old,
+                make_cell(
+                    benchmark="synthetic",
+                    agents=3,
+                    conditions=conditions,
+                    n=100,
+                    max_new_tokens=8,
+                    model="gemma-3-270m",
+                    **changed,
+                ),
+            )
 
-    new = make_cell("synthetic", 2, ["dense"], 2, 4, prompt="one-shot", stop="line")
+    new = make_cell(
+        benchmark="synthetic", agents=2, conditions=["dense"], n=2, max_new_tokens=4, prompt="one-shot", stop="line"
+    )
     files = run_files.RunFiles(tmp_path / "new", new)
     files.settle()
     files.release()
     written = json.loads((tmp_path / "new" / "cell.json").read_text())
     assert (written["prompt"], written["stop"]) == ("one-shot", "line")
     with pytest.raises(SettingError, match="stop"):
-        make_cell("synthetic", 2, ["dense"], 2, 4, stop="para")
+        make_cell(benchmark="synthetic", agents=2, conditions=["dense"], n=2, max_new_tokens=4, stop="para")

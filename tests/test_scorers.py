@@ -3,6 +3,7 @@
 import pytest
 
 from bcr_core.data import benchmarks, datasets, grading
+from bcr_core.errors import UsageError
 
 GSM = {"id": "g", "question": "?", "answer": "1200"}
 
@@ -145,7 +146,7 @@ def test_humaneval_infinite_loop_times_out(task0):
 
 
 def test_score_rejects_unknown_benchmark():
-    with pytest.raises(ValueError, match="known benchmarks: gsm8k, humaneval, mmlu, synthetic"):
+    with pytest.raises(UsageError, match="known benchmarks: gsm8k, humaneval, mmlu, synthetic"):
         benchmarks.score("arc", "A", MMLU)
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from bcr_core import cli
 from bcr_core.conditions import parse
+from bcr_core.errors import UsageError
 from bcr_core.lab import params
 from bcr_core.runs.settings import check_run
 from bcr_core.settings import SettingError
@@ -75,13 +76,13 @@ def test_a_grid_default_is_blamed_where_it_was_set(tmp_path, capsys):
 
 
 def test_condition_options_use_the_same_validator():
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(UsageError) as refused:
         parse("bcr-chunk:chunk=0")
     assert (
         str(refused.value)
         == "condition 'bcr-chunk:chunk=0': option chunk: expected int >= 1, got 0 (0 is outside >= 1)"
     )
-    with pytest.raises(ValueError, match=r"option gamma: expected float \(a number\) in \[0, 1\], got 1.5"):
+    with pytest.raises(UsageError, match=r"option gamma: expected float \(a number\) in \[0, 1\], got 1.5"):
         parse("kvcomm:gamma=1.5")
     assert parse("bcr-grow:tau=0.5,span_cap=3").options == {"tau": 0.5, "span_cap": 3}
 

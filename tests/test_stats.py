@@ -20,6 +20,7 @@ from bcr_core.analysis.stats import (
     wilcoxon,
     wilson_ci,
 )
+from bcr_core.errors import UsageError
 
 # ---------------------------------------------------------------- reference formulas
 
@@ -387,7 +388,7 @@ def test_paired_table_ignores_row_order_and_custom_columns():
 def test_paired_table_rejects_unpaired_items():
     records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
     records = records[~((records["condition"] == "kvcomm") & (records["item_id"] == 5))]
-    with pytest.raises(ValueError, match="unpaired"):
+    with pytest.raises(UsageError, match="unpaired"):
         paired_table(records, "dense")
 
 
@@ -401,7 +402,7 @@ def test_paired_table_rejects_repeated_cells():
 
 def test_paired_table_other_errors():
     records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
-    with pytest.raises(ValueError, match="reference condition"):
+    with pytest.raises(UsageError, match="reference condition"):
         paired_table(records, "bcr")
     with pytest.raises(ValueError, match="lack columns"):
         paired_table(records.drop(columns="correct"), "dense")

@@ -3,6 +3,7 @@
 import pytest
 
 from bcr_core.data import benchmarks, synthetic
+from bcr_core.errors import UsageError
 
 
 def test_reproducible_for_a_seed():
@@ -36,7 +37,7 @@ def test_n_records_controls_the_list_length():
     for n_records in (1, 3, len(synthetic.FIELDS)):
         for item in synthetic.make_items(5, seed=2, n_records=n_records):
             assert len(item["question"].split("\n\n")[0].splitlines()) == n_records
-    with pytest.raises(ValueError, match="n_records"):
+    with pytest.raises(UsageError, match="n_records"):
         synthetic.make_items(1, n_records=len(synthetic.FIELDS) + 1)
 
 

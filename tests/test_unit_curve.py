@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from bcr_core.errors import UsageError
 from bcr_core.probes.unit_curve import (
     UnitCurveConfig,
     attention_outputs,
@@ -57,14 +58,14 @@ def test_prompts_file_and_errors(tmp_path):
     assert read_prompts(good) == ["a", "b"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"body": "a"}\n')
-    with pytest.raises(ValueError, match="'text' field"):
+    with pytest.raises(UsageError, match="'text' field"):
         read_prompts(bad)
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(UsageError, match="do not fit"):
         UnitCurveConfig(segment_tokens=64, units=(128,))
-    with pytest.raises(ValueError, match="budget"):
+    with pytest.raises(UsageError, match="budget"):
         UnitCurveConfig(budget=0.0)
 
 
 def test_too_short_prompt_is_a_clear_error(tiny_chat):
-    with pytest.raises(ValueError, match="fewer than --segment-tokens"):
+    with pytest.raises(UsageError, match="fewer than --segment-tokens"):
         build_case(tiny_chat, "short text", CONFIG)

@@ -187,6 +187,9 @@ def held_out(kl: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     return kl[(items["index"] >= items["items"] / 2).reindex(kl.index).to_numpy()]
 
 
+PAPER = "§3, App. B and D"  # where the paper says which rows to recompute and how it measures them
+
+
 def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     """Every selector against the draft and against the coin on per-item KL, Holm over the table."""
     kl = per_item(frame, budget)
@@ -200,9 +203,9 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
             test = f"{selector} vs {against}: per-item mean KL at the {budget} count, sign-flip over items"
             claim = f"{selector} beats {against}"
             if gain.size < 2:
-                rows.append(Verdict(claim, "issue 24", "kl_mean", test, "not measured", evidence="fewer than 2 items"))
+                rows.append(Verdict(claim, PAPER, "kl_mean", test, "not measured", evidence="fewer than 2 items"))
                 continue
-            row = mean_claim(claim, "issue 24", "kl_mean", test, gain)
+            row = mean_claim(claim, PAPER, "kl_mean", test, gain)
             row.evidence = f"mean per-item KL {items[selector].mean():.5f} vs {items[against].mean():.5f}"
             row.read_on = HELD_OUT if selector == OURS else ""
             rows.append(row)

@@ -18,16 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bcr_core import paper
+from bcr_core import paper, spec_grammar
 from bcr_core.arena import search
 from bcr_core.arena import selectors as arena_selectors
 from bcr_core.arena.context import CallContext
-from bcr_core.conditions import Option, split_conditions
+from bcr_core.conditions import split_conditions
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import RANKS
-from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking
+from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking, Selector
 from bcr_core.reuse.segments import predicted_rows
 from bcr_core.settings import Int, Str
+from bcr_core.spec_grammar import Option
 
 RANK = {"rank": Option(Str(RANKS), "all", "all: every cached row; predicted: only rows KVComm predicted")}
 OPTIONS: dict[str, dict[str, Option]] = {
@@ -44,6 +45,18 @@ OPTIONS: dict[str, dict[str, Option]] = {
         "cap": Option(Int(1), search.CAP, "enumerate the chunk layout's sets when at most this many"),
         "evals": Option(Int(0), search.EVALS, "the local search's evaluations per call and budget"),
     },
+}
+# every selector's class under its name; `searched` is no ranking (`arena.search` finds its rows)
+SELECTORS: dict[str, type[Selector]] = {
+    "kv-error": arena_selectors.KVErrorSelector,
+    "kv-error-attn": arena_selectors.AttendedKVErrorSelector,
+    "draft": DraftSelector,
+    "coin": CoinSelector,
+    "cacheblend": CacheBlendSelector,
+    "question": arena_selectors.QuestionSelector,
+    "seams": arena_selectors.SeamsSelector,
+    "window": arena_selectors.WindowSelector,
+    "ours": arena_selectors.AttendedDeviationSelector,
 }
 # names records written before the rename hold: the K/V-error rankings were called oracles
 RENAMED = {"oracle": "kv-error", "oracle-attn": "kv-error-attn"}
@@ -73,11 +86,8 @@ class Entry:
         return torch.tensor(predicted_rows(spans, m), dtype=torch.long)
 
     def rank(self, bb, kv, ids, last_id, candidates, context: CallContext) -> Ranking:
-        rule = self.rule(context)
         rows = None if self.rank_rows == "all" else candidates
-        if isinstance(rule, (DraftSelector, CoinSelector, CacheBlendSelector)):  # the server's own selectors
-            return rule.rank(bb, kv, ids, last_id, rows)
-        return rule.rank(bb, kv, ids, last_id, rows, context=context)
+        return self.rule(context).rank(bb, kv, ids, last_id, rows, context=context)
 
 
 def current_label(label: str) -> str:
@@ -87,29 +97,22 @@ def current_label(label: str) -> str:
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
-    head, _, tail = spec.strip().partition(":")
-    name = RENAMED.get(head.strip(), head.strip())
+    head, value, pairs = spec_grammar.split(spec)
+    name = RENAMED.get(head, head)
     if name not in OPTIONS:
         raise UsageError(f"unknown selector {name!r}; known: {', '.join(OPTIONS)}")
-    options = {}
-    for pair in filter(None, (p.strip() for p in tail.split(","))):
-        key, eq, raw = (part.strip() for part in pair.partition("="))
-        if key not in OPTIONS[name] or not eq:
-            offered = ", ".join(f"{k}=" for k in OPTIONS[name]) or "none"
-            raise UsageError(f"selector {name!r} takes no option {pair!r}; its options: {offered}")
-        options[key] = OPTIONS[name][key].read(key, raw)
-    if name == "cacheblend" and options.get("layer", 1) < 1:
-        raise UsageError(f"selector {spec!r}: the check layer is at least 1 (layer 0 is exact when assembled)")
+    if value:
+        raise UsageError(f"selector {spec!r}: a selector takes options (name:key=value), not an @value")
+    options = spec_grammar.read_options(spec, "selector", name, pairs, OPTIONS[name])
     if name == "coin" and options.get("seed", 0) < 0:
         raise UsageError(f"selector {spec!r}: a coin's seed is at least 0")
-    if name == "draft" and options.get("k", 1) < 1:
-        raise UsageError(f"selector {spec!r}: the draft drafts at least 1 token")
     return name, options
 
 
 def label_of(name: str, options: dict) -> str:
-    shown = {k: v for k, v in sorted(options.items()) if v != OPTIONS[name][k].default or k == "seed"}
-    return name + (":" + ",".join(f"{k}={v}" for k, v in shown.items()) if shown else "")
+    """The selector's label: its options away from their defaults, and a coin's seed always."""
+    shown = {k: v for k, v in options.items() if v != OPTIONS[name][k].default or k == "seed"}
+    return spec_grammar.label(name, None, shown)
 
 
 def call_seed(seed: int, key: tuple[int, ...]) -> int:
@@ -119,51 +122,23 @@ def call_seed(seed: int, key: tuple[int, ...]) -> int:
 
 def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
     name, options = parse_spec(spec)
-    rank_rows = options.get("rank", "all")
-    label = label_of(name, options)
-    if name == "draft":
-        selector = DraftSelector(options.get("k", paper.DRAFT_TOKENS))
-        return Entry(label, name, options, lambda c: selector, False, selector.k, rank_rows=rank_rows)
-    if name == "coin":
-        seed = options.setdefault("seed", 0)
-        label = label_of(name, options)
-        return Entry(
-            label,
-            name,
-            options,
-            lambda c: CoinSelector(call_seed(seed, c.key), unit=chunk),
-            False,
-            0,
-            rank_rows=rank_rows,
-        )
-    if name == "cacheblend":
-        selector = CacheBlendSelector(options.get("layer", 1))
-        return Entry(label, name, options, lambda c: selector, False, 1, rank_rows=rank_rows)
     if name == "searched":
-        return Entry(label, name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
-    cls = {
-        "kv-error": arena_selectors.KVErrorSelector,
-        "kv-error-attn": arena_selectors.AttendedKVErrorSelector,
-        "question": arena_selectors.QuestionSelector,
-        "seams": arena_selectors.SeamsSelector,
-        "window": arena_selectors.WindowSelector,
-        "ours": arena_selectors.AttendedDeviationSelector,
-    }[name]
-    selector = cls()
-    return Entry(
-        label, name, options, lambda c: selector, cls.row_rule, cls.passes, name.startswith("kv-error"), rank_rows
-    )
+        return Entry(label_of(name, options), name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
+    cls = SELECTORS[name]
+    if name == "coin":  # a fresh stream on every call, seeded by (its seed, the call's place in the run)
+        seed = options.setdefault("seed", 0)
+        rule, passes = (lambda c: CoinSelector(call_seed(seed, c.key), unit=chunk)), cls.passes
+    else:
+        selector = cls(**{k: v for k, v in options.items() if k != "rank"})  # draft's k, cacheblend's layer
+        rule, passes = (lambda c: selector), selector.passes
+    label = label_of(name, options)
+    return Entry(label, name, options, rule, cls.row_rule, passes, cls.reads_exact, options.get("rank", "all"))
 
 
 def make_entries(text: str, chunk: int = paper.CHUNK_ROWS, seeds: list[int] | None = None) -> list[Entry]:
     """The selectors of a comma-separated list (options comma-separated too, as for conditions);
     a `coin` without a seed once per seed in `seeds`. A selector listed twice is refused."""
-    specs = []
-    for spec in split_conditions(text):
-        if spec.split(":")[0].strip() == "coin" and "seed=" not in spec and seeds:
-            specs += [f"{spec}{',' if ':' in spec else ':'}seed={s}" for s in seeds]
-        else:
-            specs.append(spec)
+    specs = spec_grammar.expand_seeds(split_conditions(text), seeds, lambda name: name == "coin")
     if not specs:
         raise UsageError(f"no selector given; known: {', '.join(OPTIONS)}")
     entries = [make_entry(s, chunk) for s in specs]

@@ -17,6 +17,7 @@ import pandas as pd
 from bcr_core.analysis.claims_report import model_of, p_text, transfer, transfer_markdown
 from bcr_core.arena import ceiling, measures
 from bcr_core.arena.copies import PAIRED
+from bcr_core.errors import UsageError
 from bcr_core.records import read_calls
 
 
@@ -165,7 +166,7 @@ def transfer_table(folders) -> pd.DataFrame:
     verdict on every model); the folders' models must differ."""
     verdicts = {model_of(f): measures.verdicts(measures.read_arena(f)) for f in folders}
     if len(verdicts) < len(folders):
-        raise ValueError("two arena folders hold the same model: a transfer table compares models")
+        raise UsageError("two arena folders hold the same model: a transfer table compares models")
     return transfer(verdicts)
 
 

@@ -80,7 +80,7 @@ def make_arena_cell(
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     labels = tuple(e.label for e in make_entries(DEFAULT if selectors is None else selectors, chunk, seeds))
-    extra = {"seed": item_seed} if benchmark == "synthetic" else {}
+    extra = benchmarks.item_draw(benchmark, item_seed)
     condition = f"bcr-chunk@{rho:g}:chunk={chunk}" + ("" if gamma is None else f",gamma={gamma:g}")
     return ArenaCell(
         benchmark,

@@ -1,19 +1,12 @@
 """The arena's selectors beyond `bcr_core.repair.selectors`: each ranks the rows of one assembled cache.
 
-Every class keeps the selector interface, `rank(bb, kv, ids, last_id, rows=None) -> Ranking`
-(scores of the candidate `rows`, higher = repair first), plus a keyword `context` (a
-`CallContext`) for what the cache alone does not hold: the segment map (`seams`, `window`,
-`question`) and, for the K/V-error rankings only, the exact cache. Two attributes say how a selector is
-spent and what it costs:
-
-- `row_rule`: False for a ranking the chunk layout turns into rows (`Layout.exactly` on the
-  chunk layout: whole chunks best first, the last one cut to the count), True for a rule that
-  names rows itself (`seams`, `window`), whose scores the single layout takes best first.
-- `passes`: forward calls of the model the rule makes per call (a decode step, a prefill of the
-  first layers and a full prefill each count one; the measured milliseconds say what they cost).
-
-The draft (BCR, Algorithm 2), the coin and CacheBlend are `bcr_core.repair.selectors`' own
-classes; `bcr_core.arena.registry` wraps them with their pass counts.
+Every class keeps the one selector protocol of `bcr_core.repair.selectors.Selector`:
+`rank(bb, kv, ids, last_id, rows=None, *, context=None) -> Ranking` (scores of the candidate `rows`,
+higher = repair first), the keyword `context` (a `CallContext`) holding what the cache alone does
+not: the segment map (`seams`, `window`, `question`) and, for the K/V-error rankings only, the
+exact cache; and the class attributes `row_rule`, `passes` and `reads_exact` (how a selector is
+spent and what it costs). The draft (BCR, Algorithm 2), the coin and CacheBlend are
+`bcr_core.repair.selectors`' own classes; `bcr_core.arena.registry` names them all.
 """
 
 from __future__ import annotations
@@ -51,9 +44,9 @@ class KVErrorSelector(Selector):
     error is not the row whose repair lowers the output's KL most (`searched` is the ceiling). Cost:
     that prefill (one pass)."""
 
-    name, row_rule, passes = "kv-error", False, 1
+    name, row_rule, passes, reads_exact = "kv-error", False, 1, True
 
-    def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
         exact = (context or CallContext([])).need_exact(self.name)
         return Ranking(candidate_scores(row_error(kv, exact), rows))
 
@@ -67,9 +60,9 @@ class AttendedKVErrorSelector(Selector):
     (token-matched), so rows align with the assembled cache's. Not deployable. Passes: the exact
     prefill and one decode step."""
 
-    name, row_rule, passes = "kv-error-attn", False, 2
+    name, row_rule, passes, reads_exact = "kv-error-attn", False, 2, True
 
-    def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
         exact = (context or CallContext([])).need_exact(self.name)
         weight = row_scores(bb.draft(exact, last_id, 1).attention).cpu()
         return Ranking(candidate_scores(row_error(kv, exact) * weight, rows))
@@ -102,7 +95,7 @@ class QuestionSelector(Selector):
 
     name, row_rule, passes = "question", False, 1
 
-    def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
         context = context or CallContext([])
         attention = trailing_attention(bb, kv, ids, last_id, context.trailing_start(kv.length))
         return Ranking(candidate_scores(attention.mean(dim=(1, 2)).sum(dim=0).cpu(), rows))
@@ -117,7 +110,7 @@ class SeamsSelector(Selector):
 
     name, row_rule, passes = "seams", True, 0
 
-    def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
         scores = torch.full((kv.length,), EXACT_ROW, dtype=torch.float64)
         for start, stop in (context or CallContext([])).segments(kv.length):
             scores[start:stop] = -torch.arange(stop - start, dtype=torch.float64)
@@ -135,7 +128,7 @@ class WindowSelector(Selector):
 
     name, row_rule, passes = "window", True, 0
 
-    def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
         scores = torch.full((kv.length,), EXACT_ROW, dtype=torch.float64)
         for start, stop in (context or CallContext([])).segments(kv.length):
             scores[start:stop] = -(torch.arange(stop - start, dtype=torch.float64) + 0.5) / (stop - start)
@@ -155,7 +148,7 @@ class AttendedDeviationSelector(Selector):
     def __init__(self):
         self.draft, self.cacheblend = DraftSelector(), CacheBlendSelector(layer=1)
 
-    def rank(self, bb, kv, ids, last_id, rows=None, context: CallContext | None = None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
         drafted = self.draft.rank(bb, kv, ids, last_id)
         deviation = self.cacheblend.rank(bb, kv, ids, last_id).scores
         return Ranking(candidate_scores(drafted.scores.cpu() * deviation.cpu(), rows), drafted.draft)

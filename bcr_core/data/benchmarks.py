@@ -54,6 +54,12 @@ def get(name: str) -> Benchmark:
         raise UsageError(f"unknown benchmark {name!r}; known benchmarks: {', '.join(sorted(NAMES))}") from None
 
 
+def item_draw(benchmark: str, item_seed: int) -> dict:
+    """The load options that draw a benchmark's items: the synthetic task's seed; nothing for the
+    fixed data sets, whose items are the same whatever the seed."""
+    return {"seed": item_seed} if benchmark == "synthetic" else {}
+
+
 def load_items(benchmark: str, n: int | None = None, **options) -> list[dict]:
     """The first n items of a benchmark, in the fixed order every condition sees."""
     if get(benchmark).name == "synthetic":

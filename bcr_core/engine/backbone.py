@@ -91,6 +91,24 @@ class RowWriteCache(DynamicCache):
         return self.keys.shape[3]
 
 
+class FirstLayersCached(Exception):
+    """Raised by `FirstLayersCache` once the layers asked for are cached: the forward ends there."""
+
+
+class FirstLayersCache(DynamicCache):
+    """A prefill's cache that ends the forward at the first layer past `layers`: that layer's update
+    raises `FirstLayersCached` before its attention runs, so only the first `layers` are computed."""
+
+    def __init__(self, layers: int):
+        super().__init__()
+        self.stop_at = layers
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx >= self.stop_at:
+            raise FirstLayersCached
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
 class Backbone:
     def __init__(self, model, tokenizer=None, name: str = "custom"):
         check_architecture(model.config)
@@ -188,9 +206,20 @@ class Backbone:
 
     @torch.inference_mode()
     def prefill_layers(self, ids, positions=None, layers: int = 2) -> KV:
-        """A dense prefill through the first `layers` layers only (CacheBlend's layer-1 probe)."""
-        with self.first_layers(layers):
-            return self.prefill(ids, positions)
+        """A dense prefill through the first `layers` layers only (CacheBlend's layer-1 probe). The
+        forward stops at the first layer past them (`FirstLayersCache`), so the model is never changed
+        and calls may overlap."""
+        total = self.config.num_hidden_layers
+        if not 1 <= layers <= total:
+            raise ValueError(f"layers must lie in [1, {total}], got {layers}")
+        ids = as_ids(ids, self.device)
+        if ids.numel() == 0:
+            raise ValueError("prefill needs at least one token")
+        positions = self._positions(positions, ids.numel(), start=0)
+        cache = FirstLayersCache(layers)
+        with contextlib.suppress(FirstLayersCached):
+            self.model.base_model(input_ids=ids[None], position_ids=positions[None], cache=cache, use_cache=True)
+        return KV.from_cache(cache, positions)
 
     @torch.inference_mode()
     def repair(self, kv: KV, ids, rows, query_block: int = QUERY_BLOCK) -> KV:
@@ -330,19 +359,6 @@ class Backbone:
             raise ValueError(f"rows to repair must lie in [0, {length}); got {int(rows.min())}..{int(rows.max())}")
         rows = rows.unique(sorted=True)
         return rows
-
-    @contextlib.contextmanager
-    def first_layers(self, n: int):
-        """Temporarily run only the first n decoder layers (HF's forward reads config.num_hidden_layers)."""
-        base, total = self.model.base_model, self.config.num_hidden_layers
-        if not 1 <= n <= total:
-            raise ValueError(f"layers must lie in [1, {total}], got {n}")
-        layers = base.layers
-        base.layers, self.config.num_hidden_layers = layers[:n], n
-        try:
-            yield
-        finally:
-            base.layers, self.config.num_hidden_layers = layers, total
 
     @contextlib.contextmanager
     def attention_implementation(self, name: str):

@@ -25,3 +25,15 @@ def lazy_backbone(model: str = DEFAULT_MODEL) -> Callable[[], Backbone]:
         return loaded["bb"]
 
     return get
+
+
+_SHARED: dict[str, Backbone] = {}  # the last model loaded in this process
+
+
+def shared_backbone(model: str) -> Backbone:
+    """The model, loaded once per process while callers (a grid's cells) keep asking for it; one model
+    at a time, so asking for another lets the previous one's memory go back."""
+    if model not in _SHARED:
+        _SHARED.clear()
+        _SHARED[model] = load_backbone(model)
+    return _SHARED[model]

@@ -31,7 +31,6 @@ from bcr_core.engine.assets import GEMMA3_270M_GGUF, SMOLLM2_GGUF, cache_dir, fe
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
-GEMMA_MODEL = "gemma-3-270m"
 GEMMA_ALIASES = {"gemma-3-270m", "gemma3-270m"}
 
 

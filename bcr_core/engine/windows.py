@@ -29,10 +29,6 @@ def layer_windows(config) -> dict[str, int | None]:
     return {kind: (window if kind == SLIDING else None) for kind in set(types)}
 
 
-def has_windows(config) -> bool:
-    return any(w is not None for w in layer_windows(config).values())
-
-
 def within_window(
     allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None
 ) -> torch.Tensor:

@@ -34,6 +34,10 @@ TEMPLATES = Path(__file__).parent / "voila"  # on JUPYTER_PATH: voila/templates/
 DENIED_EXTENSIONS = ["jupyterlab-plotly"]
 
 
+class ServerError(UsageError):
+    """The explorer's server did not come up (a port in use, a broken voila install): the user can fix it."""
+
+
 @dataclass
 class Prepared:
     notebook: Path  # the parameterised copy Voila serves
@@ -165,11 +169,13 @@ def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited with code {process.returncode} before listening on port {port}")
+            raise ServerError(
+                f"voila did not start: the server exited with code {process.returncode} before listening on port {port}"
+            )
         with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
             return
         time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on port {port} after {timeout:.0f} s")
+    raise ServerError(f"voila did not start: nothing listens on port {port} after {timeout:.0f} s")
 
 
 def start(notebook: Path, port: int, log=None, explicit: tuple[str, ...] = ()) -> subprocess.Popen:
@@ -188,7 +194,7 @@ def start(notebook: Path, port: int, log=None, explicit: tuple[str, ...] = ()) -
     )
     try:
         wait_listening(port, process)
-    except RuntimeError:
+    except BaseException:  # it never listened, or the wait was interrupted: no server is left behind
         stop(process)
         raise
     return process

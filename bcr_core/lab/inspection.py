@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,11 +348,16 @@ def load(path, parameters: dict | None = None) -> Inspection:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"no saved inspection at {path}")
-    try:
+    try:  # torch's own errors for a file that is not a torch archive, a torn one, or a bad zip
         stored = torch.load(path, weights_only=True)
-        document, tensors = json.loads(stored["document"]), stored["tensors"]
-    except Exception as err:
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as err:
         raise UsageError(f"{path} is not a saved inspection ({type(err).__name__}: {err})") from None
+    if not (isinstance(stored, dict) and isinstance(stored.get("document"), str) and "tensors" in stored):
+        raise UsageError(f"{path} is not a saved inspection (it holds no document and tensors)")
+    try:
+        document, tensors = json.loads(stored["document"]), stored["tensors"]
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path} is not a saved inspection (its document is not JSON: {err})") from None
     if document.get("format") != FORMAT:
         raise UsageError(f"{path} has format {document.get('format')!r}; this lab reads {FORMAT!r}")
     if parameters is not None:

@@ -10,7 +10,6 @@ notebook resumes where it stopped.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.records import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell
+from bcr_core.runs.run_files import read_settings
 from bcr_core.runs.runner import run_cell
 
 
@@ -44,7 +44,7 @@ class Comparison:
 
     @property
     def extra(self) -> dict:
-        return {"seed": self.item_seed} if self.benchmark == "synthetic" else {}
+        return benchmarks.item_draw(self.benchmark, self.item_seed)
 
     def items(self) -> list[dict]:
         """The first n items, in the order every condition sees them."""
@@ -142,11 +142,11 @@ def find_runs(results_dir) -> list[tuple[Path, dict]]:
     if not root.exists():
         return []
     found = []
-    for settings in sorted(root.rglob("cell.json")):
+    for settings in sorted(root.rglob("cell.json")):  # a damaged one is an error naming it, like any record
         try:
-            found.append((settings.parent, json.loads(settings.read_text())))
-        except (OSError, json.JSONDecodeError):
-            continue
+            found.append((settings.parent, read_settings(settings)))
+        except OSError as err:
+            raise UsageError(f"{settings}: cannot read a run's settings ({err.strerror})") from None
     return found
 
 

@@ -1,8 +1,9 @@
 """Selectors: what ranks an assembled cache's rows for repair. One protocol (`Selector`), three rules.
 
-`rank(bb, kv, ids, last_id, rows=None) -> Ranking`: the scores of the candidate `rows` of the
-assembled cache (default every row; BCR may pass only the predicted ones), higher = repair first,
-and the draft a selector ran to score them (kept for a call's trace). `replay(m)`: what ranking m
+`rank(bb, kv, ids, last_id, rows=None, *, context=None) -> Ranking`: the scores of the candidate
+`rows` of the assembled cache (default every row; BCR may pass only the predicted ones), higher =
+repair first, and the draft a selector ran to score them (kept for a call's trace); `context` (the
+arena's `CallContext`) holds what the cache alone does not, for the selectors that read it. `replay(m)`: what ranking m
 candidate rows did to the selector's own state, redone without the cache, for a call replayed when
 a run resumes (nothing, unless the selector draws from a stream).
 
@@ -36,12 +37,23 @@ class Ranking:
 
 
 class Selector(ABC):
-    """What ranks the rows of an assembled cache for repair; a subclass must define `rank`."""
+    """What ranks the rows of an assembled cache for repair; a subclass must define `rank`. Three
+    class attributes say how a selector is spent and what it costs:
+
+    - `row_rule`: False for a ranking the chunk layout turns into rows (whole chunks best first),
+      True for a rule that names rows itself, whose scores the single layout takes best first.
+    - `passes`: forward calls of the model the rule makes per call (a decode step, a prefill of the
+      first layers and a full prefill each count one).
+    - `reads_exact`: whether it reads the exact cache (`context.exact`), so it is not deployable.
+    """
 
     name: str
+    row_rule: bool = False
+    passes: int = 0
+    reads_exact: bool = False
 
     @abstractmethod
-    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context=None) -> Ranking:
         """Scores of the candidate `rows` of `kv` (every row when None), higher = repair first."""
 
     def replay(self, m: int) -> None:
@@ -50,19 +62,21 @@ class Selector(ABC):
 
 
 class DraftSelector(Selector):
-    name = "draft"
+    """Its passes are its k decode steps (the class attribute is the paper's k)."""
+
+    name, passes = "draft", paper.DRAFT_TOKENS
 
     def __init__(self, k: int = paper.DRAFT_TOKENS):
-        self.k = k
+        self.k = self.passes = k
 
-    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context=None) -> Ranking:
         draft = bb.draft(kv, last_id, self.k)
         scores = row_scores(draft.attention)
         return Ranking(scores if rows is None else scores[rows], draft)
 
 
 class CoinSelector(Selector):
-    name = "coin"
+    name, passes = "coin", 0
 
     def __init__(self, seed: int = 0, unit: int = 1):
         if unit < 1:
@@ -70,7 +84,7 @@ class CoinSelector(Selector):
         self.seed, self.unit = seed, unit
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
-    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context=None) -> Ranking:
         return Ranking(self.draw(kv.length if rows is None else len(rows)))
 
     def replay(self, m: int) -> None:
@@ -87,14 +101,14 @@ class CacheBlendSelector(Selector):
     """`layer` is the check layer (CacheBlend's is 1, the default): fresh values there need the
     layers up to it run over the whole prompt, layer + 1 of them."""
 
-    name = "cacheblend"
+    name, passes = "cacheblend", 1  # the prefill of the first layer + 1 layers
 
     def __init__(self, layer: int = 1):
         if layer < 1:
             raise ValueError(f"CacheBlend's check layer must be >= 1 (layer 0 is exact when assembled), got {layer}")
         self.layer = layer
 
-    def rank(self, bb, kv, ids, last_id, rows=None) -> Ranking:
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context=None) -> Ranking:
         fresh, at = bb.prefill_layers(ids, kv.positions, layers=self.layer + 1), self.layer
         deviation = (fresh.values[at] - kv.values[at].to(fresh.values.dtype)).float().norm(dim=-1).mean(dim=(0, 1))
         return Ranking(deviation if rows is None else deviation[rows])

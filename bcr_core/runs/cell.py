@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
+from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.runs.settings import RUN, check_run
@@ -63,6 +64,7 @@ def check_value(c: Condition) -> None:
 
 
 def make_cell(
+    *,
     benchmark: str,
     agents: int,
     conditions: list[str],
@@ -74,7 +76,6 @@ def make_cell(
     seeds: list[int] | None = None,
     item_seed: int = 0,
     fidelity: bool = False,
-    *,
     prompt: str = DEFAULT_PROMPT,
     stop: str = DEFAULT_RULE,
 ) -> Cell:
@@ -90,7 +91,7 @@ def make_cell(
         raise SettingError(
             "seeds", "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
         )
-    extra = {"seed": item_seed} if benchmark == "synthetic" else {}
+    extra = benchmarks.item_draw(benchmark, item_seed)
     return Cell(
         benchmark,
         agents,

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from bcr_core.analysis.claims_grid import GATE, ClaimsGrid
+from bcr_core.data import benchmarks
 from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve
 from bcr_core.probes.verify import verify
 from bcr_core.runs.cell import Cell
@@ -23,7 +24,7 @@ def claims_cell(grid: ClaimsGrid, conditions: list[str], fidelity: bool, n: int 
         tuple(conditions),
         grid.n if n is None else n,
         grid.max_new_tokens,
-        extra={"seed": grid.item_seed} if grid.benchmark == "synthetic" else {},
+        extra=benchmarks.item_draw(grid.benchmark, grid.item_seed),
         fidelity=fidelity,
     )
 

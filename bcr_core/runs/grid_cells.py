@@ -16,6 +16,7 @@ import pandas as pd
 
 from bcr_core.analysis.summary import summarize
 from bcr_core.engine.architectures import CONFIG_PREFIX
+from bcr_core.engine.loading import shared_backbone
 from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
@@ -30,9 +31,6 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
 
 class GridError(UsageError):
     """A grid file that cannot run; the message names the file and the key."""
-
-
-SETTINGS = RUN  # every `bcr run` setting a grid file may give, with `bcr run`'s defaults (bcr_core.runs.settings)
 
 
 @dataclass(frozen=True)
@@ -104,10 +102,10 @@ def check_settings(path: Path, settings: dict, where: str) -> dict:
     """Each setting by the one validator (`settings.check_setting`), conditions as a list."""
     out = {}
     for key, value in settings.items():
-        if key not in SETTINGS:
-            raise GridError(f"{path}: {where}.{key}: unknown setting; the settings: {', '.join(SETTINGS)}")
+        if key not in RUN:
+            raise GridError(f"{path}: {where}.{key}: unknown setting; the settings: {', '.join(RUN)}")
         try:
-            out[key] = check_setting(key, value, SETTINGS[key].kind)
+            out[key] = check_setting(key, value, RUN[key].kind)
         except SettingError as err:
             raise GridError(f"{path}: {where}.{key}: {err.detail}") from None
     return out
@@ -117,26 +115,12 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
     """A cell's settings (its own over the defaults over `bcr run`'s), checked together."""
     where = f"cells.{name}"
     origin = lambda key: f"{where}.{key}" if key in own else f"defaults.{key}"  # noqa: E731
-    settings = {key: s.default for key, s in SETTINGS.items()} | {"model": model} | defaults | own
-    for key, setting in SETTINGS.items():
+    settings = {key: s.default for key, s in RUN.items()} | {"model": model} | defaults | own
+    for key, setting in RUN.items():
         if setting.required and key not in defaults and key not in own:
             raise GridError(f"{path}: {where}.{key}: missing; set it in [defaults] or in [{where}]")
     try:  # an error names the setting it is about (`SettingError.key`), shown where the file set it
-        cell = make_cell(
-            settings["benchmark"],
-            settings["agents"],
-            settings["conditions"],
-            settings["n"],
-            settings["max_new_tokens"],
-            settings["pinned"],
-            settings["model"],
-            settings["reference"],
-            settings["seeds"],
-            settings["item_seed"],
-            settings["fidelity"],
-            prompt=settings["prompt"],
-            stop=settings["stop"],
-        )
+        cell = make_cell(**{key: value for key, value in settings.items() if key != "batch"})  # batch: how, not what
     except SettingError as err:
         shown_as = "" if err.label == cli_label(err.key) else f"{err.label}: "  # e.g. `condition LABEL: `
         raise GridError(f"{path}: {origin(err.key)}: {shown_as}{err.detail}") from None
@@ -198,25 +182,13 @@ def write_summary(grid_cell: GridCell, folder: Path, items: pd.DataFrame) -> Non
 
 # ---------------------------------------------------------------- running one cell
 
-_LOADED: dict[str, object] = {}  # the last model loaded in this process, kept for the next cell
-
-
-def backbone(model: str):
-    """The model, loaded once per process while cells keep asking for it."""
-    if model not in _LOADED:
-        from bcr_core.engine.loading import load_backbone
-
-        _LOADED.clear()  # one model at a time: the previous one's memory goes back
-        _LOADED[model] = load_backbone(model)
-    return _LOADED[model]
-
 
 def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item=None) -> int:
     """Run (or resume) one cell into out/NAME, as `bcr run` would; returns its item records.
     This is also the Ray task: it writes everything itself and returns only a count."""
     folder = Path(out) / grid_cell.name
     items = run_cell(
-        backbone(grid_cell.load),
+        shared_backbone(grid_cell.load),
         grid_cell.cell,
         folder,
         progress=progress,

@@ -18,13 +18,13 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from bcr_core.agents.pipeline import Pipeline
+from bcr_core.conditions import make_server
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.reuse.fidelity import ForcedLogProbs
 from bcr_core.reuse.segments import PrefixPrefills, SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
 from bcr_core.runs.cell import Cell
-from bcr_core.conditions import make_server
 from bcr_core.runs.lanes import Unit, run_lanes
 from bcr_core.runs.run_files import RunFiles
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bcr_core.agents.graph import full_connected
+from bcr_core.conditions import parse, split_conditions
 from bcr_core.data.benchmarks import NAMES
 from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
-from bcr_core.engine.stopping import DEFAULT_RULE, RULES
 from bcr_core.engine.models import DEFAULT_MODEL
-from bcr_core.conditions import parse, split_conditions
+from bcr_core.engine.stopping import DEFAULT_RULE, RULES
+from bcr_core.errors import UsageError
 from bcr_core.settings import Bool, Int, Kind, ListOf, Optional, Setting, SettingError, Str, check_setting, cli_label
 
 
@@ -28,7 +29,7 @@ class ConditionName(Str):
     def problem(self, value):
         try:
             parse(value)
-        except ValueError as err:
+        except UsageError as err:
             return str(err)
         return None
 

@@ -1,0 +1,88 @@
+"""The one `name[@value][:key=value,...]` grammar of conditions and arena selectors: each piece
+against hand-written expectations, then both families read through it the same way."""
+
+import pytest
+
+from bcr_core import spec_grammar
+from bcr_core.arena.registry import make_entries, parse_spec
+from bcr_core.conditions import expand_seeds, parse
+from bcr_core.errors import UsageError
+from bcr_core.settings import Int, Str
+from bcr_core.spec_grammar import Option
+
+TAKES = {"chunk": Option(Int(1), 64), "rank": Option(Str(("all", "predicted")), "all")}
+
+
+def test_a_spec_splits_into_name_value_and_option_pieces():
+    assert spec_grammar.split(" bcr-chunk@0.2:chunk=16, rank=predicted ,") == (
+        "bcr-chunk",
+        "0.2",
+        ["chunk=16", "rank=predicted"],
+    )
+    assert spec_grammar.split("dense") == ("dense", "", [])
+    assert spec_grammar.split("cacheblend:layer=3") == ("cacheblend", "", ["layer=3"])
+
+
+def test_options_are_read_as_their_kind_and_every_mistake_is_one_line_naming_it():
+    read = lambda pairs: spec_grammar.read_options("x:...", "condition", "x", pairs, TAKES)
+    assert read(["chunk=16", "rank=predicted"]) == {"chunk": 16, "rank": "predicted"}
+    assert read([]) == {}
+    with pytest.raises(UsageError, match=r"^cannot read condition 'x:...': option 'chunk' is not key=value$"):
+        read(["chunk"])
+    with pytest.raises(
+        UsageError, match=r"^condition 'x' takes no option 'rho' \(in 'x:...'\); its options: chunk, rank$"
+    ):
+        read(["rho=0.2"])
+    with pytest.raises(
+        UsageError, match=r"^condition 'x:...': option chunk: expected int >= 1, got 0 \(0 is outside >= 1\)$"
+    ):
+        read(["chunk=0"])
+    with pytest.raises(UsageError, match=r"its options: none$"):
+        spec_grammar.read_options("seams:k=1", "selector", "seams", ["k=1"], {})
+
+
+def test_a_label_sorts_options_and_writes_floats_short():
+    assert spec_grammar.label("dense") == "dense"
+    assert spec_grammar.label("bcr-chunk", 0.2, {"rank": "predicted", "chunk": 16}) == (
+        "bcr-chunk@0.2:chunk=16,rank=predicted"
+    )
+    assert spec_grammar.label("kvcomm", 0.30000, {"gamma": 0.50}) == "kvcomm@0.3:gamma=0.5"
+    assert spec_grammar.label("coin", None, {"seed": 0}) == "coin:seed=0"
+
+
+def test_a_seedless_coin_runs_once_per_seed_and_nothing_else_does():
+    coin = lambda name: name.startswith("coin-")
+    specs = ["coin-chunk", "coin-chunk:seed=4", "dense", "coin-single:chunk=8"]
+    assert spec_grammar.expand_seeds(specs, [0, 1], coin) == [
+        "coin-chunk:seed=0",
+        "coin-chunk:seed=1",
+        "coin-chunk:seed=4",
+        "dense",
+        "coin-single:chunk=8,seed=0",
+        "coin-single:chunk=8,seed=1",
+    ]
+    assert spec_grammar.expand_seeds(specs, None, coin) == specs
+    assert spec_grammar.expand_seeds(specs, [], coin) == specs
+
+
+def test_conditions_and_selectors_share_the_grammar():
+    assert parse("bcr-chunk@0.2:rank=predicted,chunk=16").label == "bcr-chunk@0.2:chunk=16,rank=predicted"
+    assert expand_seeds(["coin-chunk@0.3", "bcr-chunk"], [2, 3]) == [
+        "coin-chunk@0.3:seed=2",
+        "coin-chunk@0.3:seed=3",
+        "bcr-chunk",
+    ]
+    assert parse_spec("cacheblend:layer=3") == ("cacheblend", {"layer": 3})
+    assert [e.label for e in make_entries("coin,draft:k=3,cacheblend:layer=1", seeds=[0, 1])] == [
+        "coin:seed=0",
+        "coin:seed=1",
+        "draft:k=3",
+        "cacheblend",  # at its default layer
+    ]
+    for bad, message in [
+        ("cacheblend:depth=2", r"selector 'cacheblend' takes no option 'depth' \(in 'cacheblend:depth=2'\)"),
+        ("draft@3", r"selector 'draft@3': a selector takes options \(name:key=value\), not an @value"),
+        ("bcr-chunk:rho=0.2", r"condition 'bcr-chunk' takes no option 'rho'"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            parse(bad) if bad.startswith("bcr") else parse_spec(bad)
