@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from bcr_core import records as record_files
-from bcr_core.analysis import claims, claims_grid, claims_report, inference, protocol
+from bcr_core.analysis import claims, claims_grid, claims_report, inference, line, protocol, tax
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
 from bcr_core.runs.cell import Cell
@@ -42,8 +42,11 @@ def test_a_binary_claim_reads_one_exact_mcnemar_in_the_claimed_direction():
         pd.Series([False, False, False, True, True] + [True] * 15),
     )
     assert protocol.decide(close | holm_alone).verdict == "undecided" and close.p == pytest.approx(exact_p(3, 2))
-    power = inference.mcnemar_power(3 / 20, 2 / 20, close.items_needed)  # 80% power at the observed rates
-    assert power >= 0.8 > inference.mcnemar_power(3 / 20, 2 / 20, close.items_needed - 1)
+    post = close.items_needed_post_hoc  # post hoc: 80% power at the observed rates
+    assert inference.mcnemar_power(3 / 20, 2 / 20, post) >= 0.8 > inference.mcnemar_power(3 / 20, 2 / 20, post - 1)
+    # prospective: at the stated 3-point effect and the observed discordance (25%), p10 - p01 = 0.03
+    ahead = close.items_needed
+    assert inference.mcnemar_power(0.14, 0.11, ahead) >= 0.8 > inference.mcnemar_power(0.14, 0.11, ahead - 1)
 
 
 class HolmAlone:
@@ -91,26 +94,77 @@ def records(outcomes: dict[str, list[bool]], reuse: dict[str, float] | None = No
     return pd.DataFrame(rows)
 
 
-def test_the_gate_line_is_an_equivalence_test_within_the_margin():
+def test_the_gate_line_runs_through_token_matched_dense_within_a_share_of_the_drop():
+    """Equation 3's line through token-matched Dense (reuse 0) and KVComm (its reuse rate), the margin a
+    quarter of the Dense-to-KVComm drop: Dense 80%, token-matched 75%, KVComm 50% at reuse 0.5, so the
+    drop is 30 points, the margin 7.5, and the line at reuse 0.25 is 62.5% (through Dense it would be 65%)."""
     n = 400
-    dense, kvcomm = [True] * 300 + [False] * 100, [True] * 200 + [False] * 200  # 75% at reuse 0, 50% at 0.5
-    on_line = [True] * 250 + [False] * 150  # 62.5% at reuse 0.25: on the line
-    off_line = [True] * 380 + [False] * 20  # 95% at reuse 0.5: 45 points above it
-    near = [True] * 270 + [False] * 130  # 67.5% at reuse 0.25: 5 points above, inside the noise
+
+    def first(k):
+        return [True] * k + [False] * (n - k)
+
+    outcomes = {"dense": first(320), "token-matched-dense": first(300), "kvcomm": first(200)}
+    scattered = [(7 * i) % n < 270 for i in range(n)]  # 67.5%, uncorrelated with the ends: noisy
+    outcomes |= {"kvcomm@1": first(250), "opengate": first(380), "kvcomm@0.5": scattered}
     rates = {"kvcomm": 0.5, "kvcomm@1": 0.25, "opengate": 0.5, "kvcomm@0.5": 0.25}
-    items = records(
-        {"dense": dense, "kvcomm": kvcomm, "kvcomm@1": on_line, "opengate": off_line, "kvcomm@0.5": near}, rates
-    )
-    assert len(items) == 5 * n
+    items = records(outcomes, rates)
 
     def read(settings):
-        return protocol.decide(claims.line_claim(items, "dense", "kvcomm", settings) | holm_alone)
+        row = line.line_claim(items, "dense", "token-matched-dense", "kvcomm", settings, "correct")
+        return protocol.decide(row | holm_alone)
 
     on = read(["kvcomm@1"])
-    assert on.verdict == "holds" and on.p < 0.05 and -claims.MARGIN < on.ci_lo < on.ci_hi < claims.MARGIN
-    off = read(["kvcomm@1", "opengate"])
+    assert on.margin == pytest.approx(0.075) and on.effect == pytest.approx(0.0)  # on the line through 75%
+    assert on.verdict == "holds" and -on.margin < on.tost_lo < on.tost_hi < on.margin
+    off = read(["kvcomm@1", "opengate"])  # 95% where the line says 50%
     assert off.verdict == "does not hold" and "opengate: +45.0 pts" in off.evidence
-    assert read(["kvcomm@0.5"]).verdict == "undecided"  # neither within ±3 points nor beyond them
+    assert off.effect == pytest.approx(0.45)
+    near = read(["kvcomm@0.5"])  # +5 points: inside the margin, but its 90% interval reaches past it
+    assert near.effect == pytest.approx(0.05) and near.verdict == "undecided"
+    assert near.tost_lo < near.margin < near.tost_hi and near.items_needed > n
+    assert line.line_claim(items, "dense", "token-matched-dense", "kvcomm", [], "correct").verdict == "not measured"
+
+
+def nested(n: int, **right: int) -> pd.DataFrame:
+    """Records where condition c is right on its first right[c] items (so each term is known exactly)."""
+    return records({c.replace("_", "-"): [True] * k + [False] * (n - k) for c, k in right.items()})
+
+
+def test_the_gap_decomposition_on_a_table_where_it_is_known():
+    """Dense right on all 100 items, token-matched Dense on 80, KVComm on 50, BCR on 60: the tokenization
+    term is 20 points, the approximation term 30, the tax 40% of the gap, BCR recovers 10 of the 30
+    approximation points (a third), 10 of the 50-point cost (a fifth), and sits 20 points farther from
+    Dense than token-matched Dense: beyond a quarter of the 50-point drop, so the tax is untouched."""
+    items = nested(100, dense=100, token_matched_dense=80, kvcomm=50, bcr=60)
+    args = (items, "dense", "token-matched-dense", "kvcomm")
+    row = tax.tax_claim(*args, "correct")
+    assert row.effect == pytest.approx(0.20) and row.p == pytest.approx(exact_p(20, 0))
+    assert "approximation term 30.0 pts" in row.evidence and "tokenization share of the gap 40%" in row.evidence
+    untouched = protocol.decide(tax.untouched_claim(*args, "bcr", "correct") | holm_alone)
+    assert untouched.effect == pytest.approx(0.20) and untouched.margin == pytest.approx(0.125)
+    assert untouched.verdict == "holds"
+    share = tax.approximation_recovered_claim(*args, "bcr", "correct")
+    assert share.effect == pytest.approx(1 / 3) and share.ci_lo < 1 / 3 < share.ci_hi
+    recovery = line.recovery_claim(items, "dense", "kvcomm", "bcr", "correct")
+    assert recovery.effect == pytest.approx(0.2) and recovery.null == 0.5
+    assert protocol.decide(recovery | holm_alone).verdict == "does not hold"  # a fifth, not most
+    touched = nested(200, dense=200, token_matched_dense=160, kvcomm=100, bcr=200)  # repair past the tax
+    over = protocol.decide(tax.untouched_claim(touched, *args[1:], "bcr", "correct") | holm_alone)
+    assert over.effect == pytest.approx(-0.20) and over.verdict == "does not hold"
+
+
+def test_repair_lifts_the_line_by_its_residual():
+    """BCR at KVComm's reuse rate: its residual above the line through token-matched Dense is BCR - KVComm."""
+    items = records(
+        {
+            "token-matched-dense": [True] * 300 + [False] * 100,
+            "kvcomm": [True] * 200 + [False] * 200,
+            "bcr": [True] * 260 + [False] * 140,
+        },
+        {"kvcomm": 0.6, "bcr": 0.6},
+    )
+    row = protocol.decide(line.lift_claim(items, "token-matched-dense", "kvcomm", "bcr", "correct") | holm_alone)
+    assert row.effect == pytest.approx(0.15) and row.verdict == "holds"
 
 
 def test_draft_against_coin_seeds_is_one_control_read_on_the_row_matched_coin():
@@ -175,7 +229,8 @@ def test_verdicts_on_known_records():
     assert table.loc["BCR-chunk beats KVComm, KL per item", "verdict"] == "holds"
     assert table.loc["draft beats coin at chunk granularity", "verdict"] == "holds"  # 60/0 against each seed
     assert table.loc["BCR beats CacheBlend at matched cost", "verdict"] == "holds"
-    assert table.loc["the tokenization term is separable", "verdict"] == "holds"  # 0/200 within ±3 points
+    assert table.loc["token-matched Dense is Dense where the ids coincide", "verdict"] == "holds"  # outside Holm
+    assert table.loc["reuse pays a tokenization tax", "verdict"] == "undecided"  # 0/0: no tax to find
     assert table.loc["full repair equals Dense", "verdict"] == "not measured"
     assert table.loc["the gate only slides along Equation 3's line", "verdict"] == "not measured"
     ps = table["p"].dropna()
@@ -218,7 +273,7 @@ def test_a_grid_with_only_row_matched_controls_reads_its_claims_on_them():
         blend_row["test"].startswith("BCR-chunk vs cacheblend-cost:chunk=16,match=bcr-chunk:")
         and blend_row["effect"] == 0
     )
-    tokenization = table.loc["the tokenization term is separable"]
+    tokenization = table.loc["token-matched Dense is Dense where the ids coincide"]
     assert tokenization["verdict"] == "not measured" and "identical on 50% of calls" in tokenization["evidence"]
 
 
@@ -275,8 +330,8 @@ def test_the_committed_results_give_the_committed_verdicts():
         assert tables[name]["p_holm"].fillna(-1).tolist() == pytest.approx(committed["p_holm"].fillna(-1).tolist())
     shown = claims_report.markdown(tables["verdicts"], tables["verdicts_correct"]) + "\n"
     shown += claims_report.grid_markdown(pd.read_csv(root / "grid_table.csv"))
-    for line in shown.splitlines():
-        assert line in readme, line
+    for text in shown.splitlines():
+        assert text in readme, text
 
 
 def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
@@ -308,26 +363,45 @@ def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
         assert record_differences({k: call[k] for k in keys}, {k: old[k] for k in keys}) == [], where
 
 
-def test_a_claim_transfers_only_with_the_same_verdict_on_every_model_that_tested_it(tmp_path):
-    """The transfer table: each model's verdicts as they are (its own Holm family), "yes" where the
-    verdicts agree, "no" where they differ, "open" where a model has not measured the claim or has
-    no row for it; a folder's model is read from its runs' settings."""
+def verdict_table(rows, values) -> pd.DataFrame:
+    """A verdict table as `claims.verdicts` returns it: rows, and per claim its per-item values."""
+    table = pd.DataFrame(
+        [
+            dict(claim=c, verdict=v, measure="kl_mean", effect=e, ci_lo=e - 0.01, ci_hi=e + 0.01, n=n)
+            for c, v, e, n in rows
+        ]
+    )
+    table.attrs["per_item"] = values
+    return table
 
-    def table(*rows):
-        return pd.DataFrame(
-            [
-                dict(claim=c, verdict=v, measure="kl_mean", effect=e, ci_lo=e - 0.01, ci_hi=e + 0.01, n=n)
-                for c, v, e, n in rows
-            ]
-        )
 
-    small = table(("a", "holds", 0.02, 200), ("b", "undecided", 0.0, 200), ("c", "holds", 0.01, 200))
-    other = table(("a", "holds", 0.03, 120), ("b", "does not hold", -0.02, 120), ("c", "not measured", 0.0, 0))
+def test_a_claim_transfers_only_where_both_decide_alike_and_the_paired_difference_does_not_reject(tmp_path):
+    """The transfer table: "yes" where both verdicts decide the same way and the per-item difference of
+    the two models' effects (paired by item, Holm over the table) does not reject; "no" where they
+    decide differently or the effects differ; "not decided" where either is undecided; "open" where a
+    model has not measured it. Simulated: claim a has the same per-item effect on both models (no
+    interaction), claim d the same verdict but effects ten times apart (an interaction)."""
+    rng = np.random.default_rng(1)
+    ids = [str(i) for i in range(200)]
+
+    def sample(mean):
+        return pd.Series(rng.normal(mean, 0.05, 200), index=ids)
+
+    small = verdict_table(
+        [("a", "holds", 0.02, 200), ("b", "undecided", 0.0, 200), ("c", "holds", 0.01, 200), ("d", "holds", 0.01, 200)],
+        {"a": sample(0.02), "b": sample(0.0), "c": sample(0.01), "d": sample(0.01)},
+    )
+    other = verdict_table(
+        [("a", "holds", 0.02, 200), ("b", "does not hold", -0.02, 200), ("c", "not measured", 0.0, 0)]
+        + [("d", "holds", 0.1, 200)],
+        {"a": sample(0.02), "b": sample(-0.02), "d": sample(0.1)},
+    )
     out = claims_report.transfer({"S": small, "G": other}).set_index("claim")
-    assert out["transfers"].to_dict() == {"a": "yes", "b": "no", "c": "open"}
-    assert out.loc["a", "G: n"] == 120 and out.loc["a", "G: effect"] == "+0.0300 [+0.0200, +0.0400]"
-    missing = claims_report.transfer({"S": small, "G": other[other["claim"] != "a"]}).set_index("claim")
-    assert missing.loc["a", "G: verdict"] == "not measured" and missing.loc["a", "transfers"] == "open"
+    assert out["transfers"].to_dict() == {"a": "yes", "b": "not decided", "c": "open", "d": "no: the effects differ"}
+    assert out.loc["a", "diff_p_holm"] > 0.05 > out.loc["d", "diff_p_holm"]
+    assert out.loc["d", "diff_lo"] < -0.09 < out.loc["d", "diff"] + 0.01 and out.loc["a", "diff_n"] == 200
+    differ = claims_report.transfer({"S": small, "G": other.replace({"holds": "does not hold"})}).set_index("claim")
+    assert differ.loc["a", "transfers"] == "no"  # decided both ways
     text = claims_report.transfer_markdown(out.reset_index(), ["S", "G"])
     assert "| b | **undecided** (+0.0000 [-0.0100, +0.0100], n = 200) | **does not hold**" in text
     for run, model in (("x", "gemma-3-270m"), ("y", "gemma-3-270m")):
@@ -340,10 +414,10 @@ def test_a_claim_transfers_only_with_the_same_verdict_on_every_model_that_tested
 
 
 def test_the_committed_gemma_grid_gives_the_readmes_transfer_table():
-    """results/claims-gemma-3-270m holds Gemma 3 270M's runs of the same grid; its verdicts are its own
-    Holm family, recomputed from its records, and the README's transfer table and Gemma grid table
-    are what the two folders give."""
-    root = RESULTS / "claims-gemma-3-270m"
+    """`claims_report.GEMMA` holds Gemma 3 270M's runs of the same grid; its verdicts are its own Holm
+    family, recomputed from its records, and the README's transfer table (one paired test per claim of
+    the two models' per-item values) and Gemma grid table are what the two folders give."""
+    root = claims_report.GEMMA
     tables = claims_report.compute(root)
     for name in ("verdicts", "verdicts_correct"):
         committed = pd.read_csv(root / f"{name}.csv")
@@ -352,9 +426,10 @@ def test_the_committed_gemma_grid_gives_the_readmes_transfer_table():
     assert (
         claims_report.model_of(root) == "Gemma 3 270M" and claims_report.model_of(RESULTS / "claims") == "SmolLM2-135M"
     )
-    both = {claims_report.model_of(f): pd.read_csv(f / "verdicts.csv") for f in (RESULTS / "claims", root)}
+    smollm2 = claims_report.compute(claims_report.SMOLLM2)["verdicts"]
+    both = {claims_report.label_of(claims_report.SMOLLM2): smollm2, claims_report.label_of(root): tables["verdicts"]}
     shown = claims_report.transfer_markdown(claims_report.transfer(both), list(both)) + "\n"
     shown += claims_report.grid_markdown(pd.read_csv(root / "grid_table.csv"))
     readme = (RESULTS.parent / "README.md").read_text()
-    for line in shown.splitlines():
-        assert line in readme, line
+    for text in shown.splitlines():
+        assert text in readme, text

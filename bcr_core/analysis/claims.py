@@ -10,23 +10,23 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import numpy as np
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
+from bcr_core.analysis import line, precision, tax
 from bcr_core.analysis.protocol import (
-    MARGIN,
+    ALPHA,
+    KL_MIN_SHARE,
+    MIN_EFFECT,
     ROW_TOLERANCE,
     Verdict,
     binary_claim,
     decide,
-    equivalence_claim,
     mean_claim,
     paired,
     rows_differ,
     rows_text,
 )
-from bcr_core.analysis.stats import reuse_accuracy_line
 from bcr_core.analysis.summary import with_agreement
 from bcr_core.conditions import parse
 
@@ -104,9 +104,8 @@ def coin_claim(items, calls, claim, paper, measure, draft, coins, nominal: list[
     gain = (mean_coin - table[draft]) if measure == "kl_mean" else (table[draft] - mean_coin)
     # per seed, the items only the draft gets and only the coin gets (binary outcomes)
     splits = {c: inf.table_of(table[draft] == 1, table[c] == 1)[1:3] for c in coins} if measure != "kl_mean" else {}
-    rates = tuple(np.mean([split[k] for split in splits.values()]) / len(table) for k in (0, 1)) if splits else None
     test = f"draft vs the mean of {len(coins)} coin seeds per item, sign-flip over items"
-    row = mean_claim(claim, paper, measure, test, gain, rates)
+    row = mean_claim(claim, paper, measure, test, gain)
     per_seed = [
         f"seed {parse(c).option('seed')}: " + (f"{splits[c][0]}/{splits[c][1]}" if splits else f"{table[c].mean():.4f}")
         for c in coins
@@ -119,99 +118,6 @@ def coin_claim(items, calls, claim, paper, measure, draft, coins, nominal: list[
     elif not nominal:
         row.read_on = "row-matched coin (no chunk-count coin recorded)"
     return row
-
-
-def line_claim(gate: pd.DataFrame | None, dense, reuse, settings, boot: int = 2000) -> Verdict:
-    """Equation 3, as a null claim: every gate setting's accuracy residual off the line through Dense
-    (reuse 0) and KVComm (its reuse rate) lies within ±MARGIN, by a paired bootstrap over items of
-    the gate run's own arms. The TOST p is the largest over settings (intersection-union)."""
-    claim, paper, measure = "the gate only slides along Equation 3's line", "§4.2, Eq. 3, Tables 7 and 9", "correct"
-    present = [s for s in settings if gate is not None and s in set(gate["condition"])]
-    if not present or {dense, reuse} - set(gate["condition"]):
-        return Verdict(claim, paper, measure, "residuals off the line", "not measured", evidence="no gate run")
-    hit = paired(gate, "correct", dense, reuse, *present).astype(float).to_numpy()
-    rate = paired(gate, "reuse_rate", dense, reuse, *present).to_numpy()
-
-    def residuals(rows):  # each setting's accuracy minus Equation 3's line through Dense and KVComm
-        h, r = hit[rows].mean(axis=0), rate[rows].mean(axis=0)
-        return h[2:] - reuse_accuracy_line(h[0], h[1], max(r[1], 1e-9))(r[2:])
-
-    rng = np.random.default_rng(0)
-    draws = np.array([residuals(rng.integers(0, len(hit), len(hit))) for _ in range(boot)])
-    observed = residuals(np.arange(len(hit)))
-    tost = [inf.bootstrap_tost(draws[:, j], MARGIN) for j in range(len(present))]
-    ends = rate[:, 1].mean()
-    parts = []
-    for j, s in enumerate(present):
-        lo, hi = np.percentile(draws[:, j], [2.5, 97.5])
-        beyond = " (extrapolation: reuse beyond KVComm's)" if rate[:, 2 + j].mean() > ends else ""
-        beyond += "; off the line: the interval excludes 0" if lo > 0 or hi < 0 else ""
-        parts.append(
-            f"{s}: {100 * observed[j]:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}], TOST p {tost[j]:.3g}{beyond}"
-        )
-    worst = int(np.argmax(tost))
-    ci = tuple(float(x) for x in np.percentile(draws[:, worst], [2.5, 97.5]))
-    test = f"residual of accuracy vs the line within ±{100 * MARGIN:g} pts, TOST by bootstrap over items"
-    return equivalence_claim(
-        claim,
-        paper,
-        measure,
-        test,
-        float(observed[worst]),
-        ci,
-        max(tost),
-        len(hit),
-        f"reuse rate of KVComm {ends:.2f}; " + "; ".join(parts),
-    )
-
-
-def tokenization_claim(items, calls, dense, matched, kvcomm, measure) -> Verdict:
-    """Separable: where the reuse path's ids equal the chat template's on every call, token-matched
-    Dense must equal Dense, so the whole gap there is the approximation's. One test: TOST on those
-    items of Dense vs token-matched Dense within ±MARGIN (Newcombe intervals)."""
-    own = calls[calls["condition"] == matched]
-    match = own["ids_match"]
-    clean = set(own.groupby("item_id")["ids_match"].all().loc[lambda s: s].index)
-    table = paired(items, measure, dense, matched).astype(bool)
-    table = table[table.index.isin(clean)]
-    n = len(table)
-    if n == 0:  # a tokenizer that splits every seam differently leaves no item to test it on
-        return Verdict(
-            "the tokenization term is separable",
-            "§4.3, Table 5a",
-            measure,
-            "Dense vs token-matched Dense where the ids coincide",
-            "not measured",
-            evidence=f"no item with ids alike on every call (identical on {100 * float(match.mean()):.0f}% of calls)",
-        )
-    counts = inf.table_of(table[dense], table[matched])
-
-    def interval(level):
-        return inf.paired_difference_ci(*counts, level=level)
-
-    effect = (counts[1] - counts[2]) / n
-    everywhere = paired(items, measure, dense, matched, kvcomm).astype(bool)
-    tok, approx = (
-        inf.table_of(everywhere[dense], everywhere[matched]),
-        inf.table_of(everywhere[matched], everywhere[kvcomm]),
-    )
-    evidence = (
-        f"on {n} items without a tokenization seam: {counts[1]}/{counts[2]} discordant; on all items "
-        f"(description) tokenization {tok[1]}/{tok[2]}, approximation {approx[1]}/{approx[2]}; "
-        f"ids identical on {100 * float(match.mean()):.0f}% of calls"
-    )
-    test = f"Dense vs token-matched Dense where the ids coincide, within ±{100 * MARGIN:g} pts: TOST (Newcombe)"
-    return equivalence_claim(
-        "the tokenization term is separable",
-        "§4.3, Table 5a",
-        measure,
-        test,
-        effect,
-        interval(0.95),
-        inf.tost_p(interval, MARGIN),
-        n,
-        evidence,
-    )
 
 
 def unit_claim(per_prompt: pd.DataFrame | None) -> Verdict:
@@ -277,6 +183,7 @@ def verdicts(
     verify: dict | None = None,
     measure: str = "agrees_dense",
     gate: pd.DataFrame | None = None,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """One row per claim of the paper, tested on these records, as one Holm family. `measure` is the
     binary outcome the binary claims are read on (`agrees_dense`, primary on a small model, or
@@ -308,18 +215,26 @@ def verdicts(
         rows.append(
             pair_claim(items, calls, "reuse costs accuracy", "§1, Table 3", "correct", dense, kvcomm, "Dense vs KVComm")
         )
-    gate = items if gate is None else with_agreement(gate, find(list(gate["condition"].unique()), dense))
+    if have(dense, matched, kvcomm):
+        rows.append(tax.tax_claim(items, dense, matched, kvcomm, measure))
+        if have(bcr):
+            for value in (measure, "kl_mean"):
+                rows.append(tax.untouched_claim(items, dense, matched, kvcomm, bcr, value))
+            rows.append(tax.approximation_recovered_claim(items, dense, matched, kvcomm, bcr, measure))
+    gate = items if gate is None else line.gate_with_matched(gate, items, matched)
+    gate = with_agreement(gate, find(list(gate["condition"].unique()), dense))
     recorded_gate = list(gate["condition"].unique())
     rows.append(
-        line_claim(
+        line.line_claim(
             gate,
-            find(recorded_gate, dense),
-            find(recorded_gate, kvcomm),
+            *(find(recorded_gate, c) for c in (dense, matched, kvcomm)),
             [find(recorded_gate, g) for g in gate_settings],
+            measure,
         )
     )
-    if have(dense, matched, kvcomm):
-        rows.append(tokenization_claim(items, calls, dense, matched, kvcomm, measure))
+    if have(dense, matched, kvcomm, bcr):
+        rows.append(line.lift_claim(items, matched, kvcomm, bcr, measure))
+        rows.append(line.recovery_claim(items, dense, kvcomm, bcr, measure))
     rows.append(unit_claim(curve))
     for name in [bcr, f"{bcr},rank=predicted" if ":" in bcr else f"{bcr}:rank=predicted"]:
         name = find(conditions, name)
@@ -382,8 +297,37 @@ def verdicts(
             elif read != cacheblend:
                 row.read_on = f"row-matched CacheBlend (nominal {cacheblend}: {rows_text(calls, bcr, cacheblend, ids)})"
             rows.append(row)
+    if have(dense, matched):
+        rows.append(tax.identity_check(items, calls, dense, matched, measure))
     rows.append(exactness_claim(verify))
+    kl_cost = float(items.loc[items["condition"] == kvcomm, "kl_mean"].mean()) if "kl_mean" in items else 0.0
+    for row in rows:  # prospective power of sign-flip rows: MIN_EFFECT, or on KL a tenth of reuse's own KL
+        if row.kind == "superiority" and row.resamples is not None or row.measure == "gap share":
+            target = KL_MIN_SHARE * kl_cost if row.measure == "kl_mean" else MIN_EFFECT
+            row.items_needed = inf.mean_items_needed_at(row.per_item, target) if target else None
+    return family(rows, seed)
+
+
+def family(rows: list[Verdict], seed: int = 0) -> pd.DataFrame:
+    """Holm over the rows, each resampled p refined until its Monte-Carlo error cannot carry it
+    across its Holm threshold, then every verdict read; per-item values go to `attrs["per_item"]`."""
+    for row in rows:  # another resampler seed redraws every resampled p (the seed sweep's check)
+        if seed and row.resamples:
+            row.p = inf.sign_flip(row.per_item, resamples=row.resamples, seed=seed)
+    for _ in range(4):
+        thresholds = precision.holm_thresholds([r.p for r in rows], ALPHA)
+        moved = False
+        for row, threshold in zip(rows, thresholds):
+            if row.resamples and threshold is not None and precision.close_to(row.p, threshold, row.resamples):
+                p, resamples = precision.refine(row.per_item, row.p, threshold, row.resamples, seed)
+                moved |= resamples != row.resamples
+                row.p, row.resamples = p, resamples
+        if not moved:
+            break
     for row, adjusted in zip(rows, inf.holm([r.p for r in rows])):
         row.p_holm = adjusted
         decide(row)
-    return pd.DataFrame([asdict(r) for r in rows])
+    table = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in ("per_item", "parts")} for r in rows])
+    table.attrs["per_item"] = {r.claim: r.per_item for r in rows if r.per_item is not None}
+    table.attrs["parts"] = {r.claim: r.parts for r in rows if r.parts is not None}
+    return table

@@ -3,8 +3,10 @@
 `python -m bcr_core.analysis.claims_report results/claims` recomputes every verdict from the
 folder's records (on agreement with Dense, and again on accuracy), writes `verdicts.csv`,
 `verdicts_correct.csv` and `grid_table.csv` beside them, and prints the Markdown table and its
-list of tests that README shows. Given two or more folders (one per model), each is its own Holm
-family, and the transfer table puts every claim's verdict on each model side by side.
+list of tests that README shows. Given two folders (one per model, on the same items), each is its
+own Holm family, and the transfer table reads each claim's transfer from one paired test of the two
+models' per-item values (`bcr_core.analysis.transfer`). `SMOLLM2` and `GEMMA` are the folders the
+README reads; `GEMMA` is the one line to change when the Gemma reruns behind `<bos>` land.
 """
 
 from __future__ import annotations
@@ -13,18 +15,27 @@ import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 
-from bcr_core.analysis import claims, claims_grid
-from bcr_core.analysis.protocol import MARGIN, MEASURES
+from bcr_core.analysis import claims, claims_grid, precision
+from bcr_core.analysis import transfer as transfer_test
+from bcr_core.analysis.protocol import MEASURES, MIN_EFFECT
+from bcr_core.analysis.tax import DROP_SHARE
+from bcr_core.paths import RESULTS
 
 POINTS = {"agrees_dense", "correct", "gap share"}
+SMOLLM2 = RESULTS / "claims"
+# Gemma's rows: the committed grid made before base caches sat behind <bos>. When the reruns
+# (results/claims-gemma-3-270m-bos/: cells a, b1, b2, c beside the gate) land, point this at them.
+GEMMA = RESULTS / "claims-gemma-3-270m"
+FOLDER_NOTES = {"claims-gemma-3-270m": "made before the <bos> fix"}
 
 
-def compute(folder, grid: claims_grid.ClaimsGrid | None = None) -> dict[str, pd.DataFrame]:
-    """The verdicts on agreement and on accuracy, and the grid table, from a claims folder."""
+def compute(folder, grid: claims_grid.ClaimsGrid | None = None, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """The verdicts on agreement and on accuracy, and the grid table, from a claims folder
+    (`seed`: the sign-flip resampler's)."""
     grid = grid or claims_grid.ClaimsGrid()
     data = claims_grid.load_claims(folder)
     common = dict(
@@ -33,6 +44,7 @@ def compute(folder, grid: claims_grid.ClaimsGrid | None = None) -> dict[str, pd.
         curve=data["curve"],
         verify=data["verify"],
         gate=data["gate"],
+        seed=seed,
     )
     return {
         "verdicts": claims.verdicts(data["items"], data["calls"], grid.bcr, measure="agrees_dense", **common),
@@ -47,9 +59,9 @@ def recorded(items: pd.DataFrame, grid: claims_grid.ClaimsGrid) -> list[str]:
     return [c for c in grid.main() + grid.matched() if claims.find(labels, c) in labels]
 
 
-def write(folder) -> str:
-    """Write the three tables into `folder`; return the README's Markdown."""
-    tables = compute(folder)
+def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:
+    """Write the three tables into `folder` (computed afresh unless given); return the README's Markdown."""
+    tables = tables or compute(folder)
     for name, table in tables.items():
         table.to_csv(Path(folder) / f"{name}.csv", index=False)
     return markdown(tables["verdicts"], tables["verdicts_correct"])
@@ -58,13 +70,38 @@ def write(folder) -> str:
 def effect_text(row) -> str:
     if row.effect is None or (isinstance(row.effect, float) and math.isnan(row.effect)):
         return ""
+    if row.measure == "share":
+        null = getattr(row, "null", 0.0)
+        against = f" (vs {100 * null:.0f}%)" if null and not pd.isna(null) else ""
+        return f"{100 * row.effect:.0f}% [{100 * row.ci_lo:.0f}, {100 * row.ci_hi:.0f}]{against}"
     if row.measure in POINTS:
         return f"{100 * row.effect:+.1f} pts [{100 * row.ci_lo:+.1f}, {100 * row.ci_hi:+.1f}]"
     return f"{row.effect:+.4f} [{row.ci_lo:+.4f}, {row.ci_hi:+.4f}]"
 
 
 def p_text(p) -> str:
-    return "" if p is None or (isinstance(p, float) and math.isnan(p)) else f"{p:.2g}"
+    return precision.p_text(p)
+
+
+def p_texts(row) -> tuple[str, str]:
+    """The raw and Holm p of a row: "< 1/R" at the sign-flip floor, and Holm's then a bound."""
+    resamples = getattr(row, "resamples", None)
+    resamples = None if resamples is None or pd.isna(resamples) else int(resamples)
+    floor = precision.at_floor(row.p, resamples)
+    return precision.p_text(row.p, resamples), precision.p_text(row.p_holm, bound=floor)
+
+
+def power_text(row) -> str:
+    """The items 80% power needs, for an undecided row: prospective at the stated effect (a TOST's
+    at its margin), and the post-hoc figure at the observed effect, labelled so."""
+    if row.verdict != "undecided" or pd.isna(row.items_needed):
+        return ""
+    if row.kind == "equivalence":
+        return f"; the TOST needs {int(row.items_needed):,} items for 80% power at this margin"
+    target = f"+{100 * MIN_EFFECT:g} pts" if row.measure != "kl_mean" else "a tenth of KVComm's KL"
+    post = getattr(row, "items_needed_post_hoc", None)
+    post = "" if post is None or pd.isna(post) else f" (post hoc, at the observed effect: {int(post):,})"
+    return f"; 80% power at {target} needs {int(row.items_needed):,} items{post}"
 
 
 def markdown(agree: pd.DataFrame, correct: pd.DataFrame) -> str:
@@ -78,19 +115,20 @@ def markdown(agree: pd.DataFrame, correct: pd.DataFrame) -> str:
     on_accuracy = dict(zip(correct["claim"], correct["verdict"]))
     for i, row in enumerate(agree.itertuples(), start=1):
         measure = MEASURES.get(row.measure, row.measure)
+        p, p_holm = p_texts(row)
         lines.append(
-            f"| {row.claim} | {measure} | {effect_text(row)} | {p_text(row.p)} | {p_text(row.p_holm)} | "
+            f"| {row.claim} | {measure} | {effect_text(row)} | {p} | {p_holm} | "
             f"**{row.verdict}** | {on_accuracy.get(row.claim, '')} |"
         )
         extra = f"; read on the {row.read_on}" if isinstance(row.read_on, str) and row.read_on else ""
         rows = f"; rows: {row.rows}" if isinstance(row.rows, str) and row.rows else ""
-        needed = ""
-        if row.verdict == "undecided" and not pd.isna(row.items_needed):
-            needed = f"; 80% power needs {int(row.items_needed):,} items"
-        notes.append(f"{i}. {row.claim}: {row.test}{extra}{rows}{needed}.")
+        notes.append(f"{i}. {row.claim}: {row.test}{extra}{rows}{power_text(row)}.")
     margin = (
-        "Effects are signed so that + is the paper's direction. Equivalence margin of the null claims: "
-        f"±{100 * MARGIN:g} points, fixed before the runs."
+        "Effects are signed so that + is the paper's direction; shares are of the gap named in the test. "
+        f"Margins of the line and the tax: {DROP_SHARE:g} of the Dense-to-KVComm drop on the same measure, "
+        "fixed before the Gemma reruns were read; an equivalence verdict is read on the 90% interval "
+        "(TOST at 0.05, both ways), every printed interval is 95%. "
+        "A p at the floor of R sign flips prints as < 2/R (two-sided)."
     )
     return "\n".join(header + lines + ["", margin, ""] + notes)
 
@@ -122,7 +160,6 @@ def grid_markdown(table: pd.DataFrame) -> str:
 
 # ------------------------------------------------------------------------------- across models
 MODEL_NAMES = {"default": "SmolLM2-135M", "gemma-3-270m": "Gemma 3 270M"}
-NOT_TESTED = "not measured"
 
 
 def model_of(folder) -> str:
@@ -134,50 +171,60 @@ def model_of(folder) -> str:
     return MODEL_NAMES.get(model, model)
 
 
+def label_of(folder) -> str:
+    """The model's name, with what the folder was made under where that matters (`FOLDER_NOTES`)."""
+    note = FOLDER_NOTES.get(Path(folder).name)
+    return model_of(folder) + (f" ({note})" if note else "")
+
+
 def transfer(verdicts: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Every claim's verdict, effect and items per model (each table its own Holm family), and whether
-    the claim transfers: "yes" for the same verdict on every model, "no" for different ones, "open"
-    while any model has not measured it."""
-    claims_in_order = list(dict.fromkeys(c for table in verdicts.values() for c in table["claim"]))
-    rows = []
-    for claim in claims_in_order:
-        row = {"claim": claim}
-        for model, table in verdicts.items():
-            found = table[table["claim"] == claim]
-            mine = next(found.itertuples(), None)
-            row[f"{model}: verdict"] = NOT_TESTED if mine is None else mine.verdict
-            row[f"{model}: effect"] = "" if mine is None else effect_text(mine)
-            row[f"{model}: n"] = np.nan if mine is None else mine.n
-        shown = [row[f"{m}: verdict"] for m in verdicts]
-        row["transfers"] = "open" if NOT_TESTED in shown else ("yes" if len(set(shown)) == 1 else "no")
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """The transfer table: each model's verdicts (its own Holm family) and one paired test per claim
+    of the difference of the two models' per-item values (`bcr_core.analysis.transfer.transfer`)."""
+    return transfer_test.transfer(verdicts)
+
+
+def model_effect(row, model: str) -> str:
+    shown = SimpleNamespace(**{k: row[f"{model}: {k}"] for k in ("measure", "effect", "ci_lo", "ci_hi")})
+    return effect_text(shown) if shown.measure is not None else ""
 
 
 def transfer_markdown(table: pd.DataFrame, models: list[str]) -> str:
-    header = ["| claim | " + " | ".join(models) + " | transfers |", "| --- |" + " --- |" * (len(models) + 1)]
+    header = [
+        "| claim | " + " | ".join(models) + " | difference, per item [95% CI] | p Holm | transfers |",
+        "| --- |" + " --- |" * (len(models) + 3),
+    ]
     lines = []
     for _, row in table.iterrows():
         cells = []
         for m in models:
             n = "" if pd.isna(row[f"{m}: n"]) else f", n = {int(row[f'{m}: n'])}"
-            effect = f" ({row[f'{m}: effect']}{n})" if row[f"{m}: effect"] else ""
-            cells.append(f"**{row[f'{m}: verdict']}**{effect}")
-        lines.append(f"| {row['claim']} | " + " | ".join(cells) + f" | {row['transfers']} |")
+            effect = model_effect(row, m)
+            cells.append(f"**{row[f'{m}: verdict']}**" + (f" ({effect}{n})" if effect else ""))
+        diff = ""
+        if "diff" in row and not pd.isna(row["diff"]):
+            scale, digits = (1, 4) if row[f"{models[0]}: measure"] == "kl_mean" else (100, 1)
+            unit = " pts" if scale == 100 else ""
+            diff = (
+                f"{scale * row['diff']:+.{digits}f}{unit} [{scale * row['diff_lo']:+.{digits}f}, "
+                f"{scale * row['diff_hi']:+.{digits}f}], n = {int(row['diff_n'])}"
+            )
+        holm = "" if pd.isna(row["diff_p_holm"]) else precision.p_text(row["diff_p_holm"])
+        lines.append(f"| {row['claim']} | " + " | ".join(cells) + f" | {diff} | {holm} | {row['transfers']} |")
     return "\n".join(header + lines)
 
 
 def main(folders: list[str]) -> None:
     verdicts = {}
     for folder in folders:
-        print(write(folder))
+        tables = compute(folder)
+        print(write(folder, tables))
         print()
-        print(grid_markdown(pd.read_csv(Path(folder) / "grid_table.csv")))
+        print(grid_markdown(tables["grid_table"]))
         print()
-        verdicts[model_of(folder)] = pd.read_csv(Path(folder) / "verdicts.csv")
+        verdicts[label_of(folder)] = tables["verdicts"]
     if len(folders) > 1:
         print(transfer_markdown(transfer(verdicts), list(verdicts)))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["results/claims"])
+    main(sys.argv[1:] or [str(SMOLLM2)])

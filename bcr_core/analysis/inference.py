@@ -66,8 +66,13 @@ def sign_flip(differences, resamples: int = 20_000, seed: int = 0) -> float:
         raise ValueError("a sign-flip test needs at least one item")
     if not d.any():
         return 1.0
-    result = stats.permutation_test(
-        (d,), np.mean, permutation_type="samples", n_resamples=resamples, rng=np.random.default_rng(seed)
+    result = stats.permutation_test(  # in batches of 50,000 flips: a million at once would not fit in memory
+        (d,),
+        np.mean,
+        permutation_type="samples",
+        n_resamples=resamples,
+        batch=min(resamples, 50_000),
+        rng=np.random.default_rng(seed),
     )
     return float(result.pvalue)
 
@@ -209,3 +214,57 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - rank) * p))
         out[i] = running
     return out
+
+
+# ------------------------------------------------------------------ prospective power
+def mean_items_needed_at(differences, effect: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """Items the sign-flip test of a mean difference needs for `power` at a stated `effect`, at the
+    spread of the observed per-item differences (normal approximation to the test's null
+    distribution, n = ((z_{a/2} + z_b) sd / effect)^2): prospective, not at the observed mean."""
+    d = np.asarray(differences, float)
+    if d.size < 2 or effect == 0 or d.std(ddof=1) == 0:
+        return None
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return math.ceil((z * d.std(ddof=1) / abs(effect)) ** 2)
+
+
+def tost_items_needed(differences, margin: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """Items a TOST within ±margin needs for `power` when the true effect is 0, at the observed
+    spread: n = ((z_a + z_{b/2}) sd / margin)^2 (both one-sided tests at alpha)."""
+    d = np.asarray(differences, float)
+    if d.size < 2 or margin <= 0:
+        return None
+    sd = d.std(ddof=1)
+    z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(1 - (1 - power) / 2)
+    return max(2, math.ceil((z * sd / margin) ** 2)) if sd > 0 else 2
+
+
+def constant(v: np.ndarray) -> bool:
+    return v.size < 2 or bool(np.allclose(v, v[0], rtol=0, atol=1e-12))
+
+
+def t_interval(values, level: float) -> tuple[float, float]:
+    """The t interval of the mean of per-item values at `level`."""
+    v = np.asarray(values, float)
+    if constant(v):
+        return float(v.mean()), float(v.mean())
+    ci = stats.ttest_1samp(v, 0.0).confidence_interval(level)
+    return float(ci.low), float(ci.high)
+
+
+def t_tost(values, margin: float) -> float:
+    """TOST p of per-item values within ±margin: the larger of the two one-sided t-tests' p."""
+    v = np.asarray(values, float)
+    if constant(v):
+        return 0.0 if abs(v.mean()) < margin else 1.0
+    low = stats.ttest_1samp(v, -margin, alternative="greater").pvalue
+    high = stats.ttest_1samp(v, margin, alternative="less").pvalue
+    return float(max(low, high))
+
+
+def t_noninferior(values, margin: float) -> float:
+    """One-sided p that the mean of per-item values exceeds -margin (H0: mean <= -margin)."""
+    v = np.asarray(values, float)
+    if constant(v):
+        return 0.0 if v.mean() > -margin else 1.0
+    return float(stats.ttest_1samp(v, -margin, alternative="greater").pvalue)

@@ -13,12 +13,19 @@ The rules (paper §4, App. D), the same for every row:
 - Each row has one test, and its effect, 95% interval and p come from it. Effects are signed so that
   positive is the paper's direction. Binary pairs: exact McNemar, Newcombe's interval. Per-item
   differences: a sign-flip permutation test of their mean, a bootstrap interval over items.
-- A claim of no difference is an equivalence test (TOST) with the margin `MARGIN`, fixed before the
-  runs. It holds when equivalence is shown; does not hold when the 95% interval lies wholly beyond
-  the margin; else it is undecided.
+- A claim of no difference is an equivalence test (TOST) with a margin stated before the runs (the
+  row's `margin`, else `MARGIN`). One confidence convention: a TOST at alpha is the (1 - 2 alpha) =
+  90% interval inside the margin; the claim holds when the Holm-adjusted TOST p is below alpha,
+  does not hold when the 90% interval lies wholly beyond the margin (the one-sided test of
+  non-equivalence at alpha), else it is undecided. The printed interval of every row is 95%.
+- A one-sided claim (`noninferiority`: "no closer than", beyond a margin) holds when its
+  Holm-adjusted one-sided p is below alpha and does not hold when the 95% interval lies wholly on
+  the other side of the margin.
 - The claims of one table are one family: Holm-adjusted p beside the raw p, verdicts read from the
-  adjusted one. An undecided claim gives the items 80% power would need at the observed rates, and
-  the smallest difference the current n detects.
+  adjusted one. Sign-flip p values are refined where their Monte-Carlo error could cross their
+  Holm threshold (`bcr_core.analysis.precision`). An undecided claim gives the items 80% power
+  of the test that decides it would need at a stated effect (`MIN_EFFECT`, prospective) and at the
+  observed one (post hoc), and the smallest difference the current n detects.
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ import numpy as np
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
+from bcr_core.analysis.precision import RESAMPLES, exact
 from bcr_core.analysis.stats import mcnemar_exact
 
 ALPHA = inf.ALPHA
 MARGIN = 0.03  # equivalence margin of the null claims: 3 points of accuracy or agreement
+MIN_EFFECT = 0.03  # the smallest effect of interest on a binary outcome, for prospective power
+KL_MIN_SHARE = 0.10  # on KL to Dense, a tenth of KVComm's per-item KL (reuse's own KL cost)
 ROW_TOLERANCE = 0.05  # realised rows that differ by more than this share are not a matched budget
 MEASURES = {"agrees_dense": "agreement with Dense", "correct": "accuracy", "kl_mean": "KL to Dense"}
 
@@ -55,7 +65,15 @@ class Verdict:
     read_on: str = ""  # which pair the verdict is read on, when it is not the nominal one
     items_needed: int | None = None  # for 80% power at alpha 0.05, at the observed rates
     detectable: float | None = None  # smallest effect the current n detects with 80% power
-    kind: str = "superiority"  # superiority | equivalence | exact
+    kind: str = "superiority"  # superiority | equivalence | noninferiority | exact
+    margin: float | None = None  # an equivalence or one-sided claim's margin (None: MARGIN)
+    null: float = 0.0  # the value the effect is tested against (a share's "most": 0.5)
+    tost_lo: float | None = None  # an equivalence row's 90% interval, which its verdict is read on
+    tost_hi: float | None = None
+    resamples: int | None = None  # sign flips behind p (None: exact or analytic)
+    items_needed_post_hoc: int | None = None  # 80% power at the observed effect (post hoc)
+    per_item: pd.Series | None = None  # the per-item values the test reads (not written to CSV)
+    parts: pd.DataFrame | None = None  # a share's per-item numerator and denominator (not written to CSV)
 
 
 def paired(items: pd.DataFrame, value: str, *conditions: str) -> pd.DataFrame:
@@ -73,25 +91,38 @@ def binary_claim(claim, paper, measure, test, better, worse) -> Verdict:
     row = Verdict(claim, paper, measure, test, "undecided", (b_only - w_only) / n, lo, hi)
     row.p, row.n = mcnemar_exact(b_only, w_only), n
     row.evidence = f"{b_only}/{w_only} (items only the claimed side / only the other side gets)"
-    row.items_needed = inf.mcnemar_items_needed(b_only / n, w_only / n)
-    row.detectable = inf.detectable_difference((b_only + w_only) / n, n)
+    psi = (b_only + w_only) / n
+    row.items_needed = prospective_mcnemar(psi, MIN_EFFECT)
+    row.items_needed_post_hoc = inf.mcnemar_items_needed(b_only / n, w_only / n)
+    row.detectable = inf.detectable_difference(psi, n)
+    index = getattr(better, "index", None)
+    row.per_item = pd.Series(np.asarray(better, float) - np.asarray(worse, float), index=index)
     return row
 
 
-def mean_claim(claim, paper, measure, test, gain, rates=None) -> Verdict:
+def prospective_mcnemar(psi: float, effect: float) -> int | None:
+    """Items the exact McNemar test needs for 80% power at a stated effect and the observed
+    discordance rate psi (None when the effect exceeds the discordance)."""
+    if effect >= psi:
+        return None
+    return inf.mcnemar_items_needed((psi + effect) / 2, (psi - effect) / 2)
+
+
+def mean_claim(claim, paper, measure, test, gain, target: float | None = None) -> Verdict:
     """Per-item differences `gain` (+ = the paper's direction): sign-flip p, bootstrap 95% CI.
-    `rates` = (p10, p01) for a binary outcome's power under exact McNemar; else a normal approx."""
+    Power is the sign-flip's own (normal approximation on the per-item spread), post hoc at the
+    observed mean and, given a `target` effect, prospective at it (`items_needed`; else post hoc)."""
+    index = getattr(gain, "index", None)
     gain = np.asarray(gain, float)
     if gain.size == 0:
         return Verdict(claim, paper, measure, test, "not measured", evidence="no paired items")
     lo, hi = inf.bootstrap_ci(gain)
     row = Verdict(claim, paper, measure, test, "undecided", float(gain.mean()), lo, hi, inf.sign_flip(gain))
     row.n = int(gain.size)
-    if rates is None:
-        row.items_needed, row.detectable = inf.mean_items_needed(gain), inf.mean_detectable(gain)
-    else:
-        row.items_needed = inf.mcnemar_items_needed(*rates)
-        row.detectable = inf.detectable_difference(sum(rates), row.n)
+    row.resamples = None if exact(row.n, RESAMPLES) else RESAMPLES
+    row.per_item = pd.Series(gain, index=index)
+    row.items_needed_post_hoc, row.detectable = inf.mean_items_needed(gain), inf.mean_detectable(gain)
+    row.items_needed = row.items_needed_post_hoc if target is None else inf.mean_items_needed_at(gain, target)
     return row
 
 
@@ -107,13 +138,17 @@ def decide(row: Verdict) -> Verdict:
     if row.kind == "exact" or row.verdict == "not measured" or row.p_holm is None:
         return row
     significant = row.p_holm < ALPHA
+    margin = MARGIN if row.margin is None else row.margin
     if row.kind == "equivalence":
-        beyond = row.ci_lo >= MARGIN or row.ci_hi <= -MARGIN
+        lo, hi = (row.ci_lo, row.ci_hi) if row.tost_lo is None else (row.tost_lo, row.tost_hi)
+        beyond = lo >= margin or hi <= -margin
         row.verdict = "holds" if significant else "does not hold" if beyond else "undecided"
+    elif row.kind == "noninferiority":
+        row.verdict = "holds" if significant else "does not hold" if row.ci_hi < -margin else "undecided"
     else:
-        row.verdict = ("holds" if row.effect > 0 else "does not hold") if significant else "undecided"
+        row.verdict = ("holds" if row.effect > row.null else "does not hold") if significant else "undecided"
     if row.verdict != "undecided":
-        row.items_needed = row.detectable = None
+        row.items_needed = row.detectable = row.items_needed_post_hoc = None
     return row
 
 

@@ -212,7 +212,7 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     for row, p in zip(rows, inf.holm([r.p for r in rows])):
         row.p_holm = p
         decide(row)
-    return pd.DataFrame([vars(r) for r in rows])
+    return pd.DataFrame([{k: v for k, v in vars(r).items() if k not in ("per_item", "parts")} for r in rows])
 
 
 def read_arena(folder) -> pd.DataFrame:
