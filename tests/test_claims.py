@@ -409,7 +409,7 @@ def test_a_claim_transfers_only_where_both_decide_alike_and_the_paired_differenc
         (tmp_path / run / "cell.json").write_text(json.dumps({"model": model}))
     assert claims_report.model_of(tmp_path) == "Gemma 3 270M"
     (tmp_path / "y" / "cell.json").write_text(json.dumps({"model": "default"}))
-    with pytest.raises(ValueError, match="runs of 2 models"):
+    with pytest.raises(UsageError, match="runs of 2 models"):
         claims_report.model_of(tmp_path)
 
 

@@ -1,4 +1,4 @@
-"""The headline grid of the claims (issue 10): the conditions it names (`ClaimsGrid`), reading its
+"""The headline grid of the claims: the conditions it names (`ClaimsGrid`), reading its
 runs (a run's records or the committed ones, `.jsonl` or `.jsonl.gz`; conditions from several
 folders on the same items pair by item id) and its table. `runs.claims_run` runs it afresh.
 """
@@ -100,7 +100,7 @@ def grid_table(
 # ------------------------------------------------------------------------------- the grid itself
 @dataclass(frozen=True)
 class ClaimsGrid:
-    """The headline grid of issue 10 and the runs its other claims read. Chunks of 16 rows on the
+    """The headline grid and the runs its other claims read. Chunks of 16 rows on the
     CPU-sized synthetic prompts (~110-250 cached rows) keep about as many chunks per call as the
     paper's 64-row chunks on its ~1000-row GSM8K prompts, and let Algorithm 1 repair at all
     (with B = 64 every call is under rho M = 64 and skipped); every repair condition carries the

@@ -23,6 +23,7 @@ from bcr_core.analysis import claims, claims_grid, precision
 from bcr_core.analysis import transfer as transfer_test
 from bcr_core.analysis.protocol import MEASURES, MIN_EFFECT
 from bcr_core.analysis.tax import DROP_SHARE
+from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
 
 POINTS = {"agrees_dense", "correct", "gap share"}
@@ -166,7 +167,7 @@ def model_of(folder) -> str:
     """The model a claims folder's runs were served by (every run of it must agree)."""
     models = {json.loads(p.read_text()).get("model", "default") for p in sorted(Path(folder).rglob("cell.json"))}
     if len(models) != 1:
-        raise ValueError(f"{folder}: runs of {len(models)} models ({', '.join(sorted(models))}); expected one")
+        raise UsageError(f"{folder}: runs of {len(models)} models ({', '.join(sorted(models))}); expected one")
     (model,) = models
     return MODEL_NAMES.get(model, model)
 
