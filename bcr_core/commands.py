@@ -155,6 +155,9 @@ def cmd_grid(args) -> int:
     return 1 if failed else 0
 
 
+SEED_MAX = 2**32 - 1  # numpy's largest seed
+
+
 def cmd_unit_curve(args) -> int:
     from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.unit_curve import (
@@ -167,6 +170,11 @@ def cmd_unit_curve(args) -> int:
 
     if args.seeds < 1:
         raise UsageError(f"--seeds is how many random selections to compare with, at least 1; got {args.seeds}")
+    if not 0 <= args.seed <= SEED_MAX - args.seeds + 1:
+        raise UsageError(
+            f"--seed: the random selections' seeds {args.seed}..{args.seed + args.seeds - 1} must lie in "
+            f"[0, {SEED_MAX}] (numpy's seed range); got --seed {args.seed}"
+        )
     config = UnitCurveConfig(
         args.segment_tokens,
         args.budget,

@@ -110,3 +110,90 @@ def test_two_arena_folders_of_one_model_are_a_user_error_not_a_value_error():
     with pytest.raises(UsageError, match="two arena folders hold the same model") as caught:
         report.transfer_table([RESULTS / "arena", RESULTS / "arena"])
     assert not isinstance(caught.value, ValueError)
+
+
+DROP = object()  # a config key to delete
+
+
+def tiny_config(tmp_path, name: str, changes: dict) -> str:
+    """A folder with the embedded model's config.json as written, with `changes` (DROP deletes a key)."""
+    import json
+
+    from bcr_core.engine.models import embedded_model_dir
+
+    settings = json.loads((embedded_model_dir() / "config.json").read_text())
+    for key, value in changes.items():
+        if value is DROP:
+            settings.pop(key)
+        else:
+            settings[key] = value
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(settings))
+    return str(folder)
+
+
+@pytest.mark.parametrize("prefix", ["", "config:"])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"model_type": DROP}, "model_type is missing"),
+        ({"model_type": None}, "model_type is null"),
+        ({"num_hidden_layers": 1}, "num_hidden_layers is 1; BCR needs at least 2 decoder layers"),
+    ],
+)
+def test_a_config_no_decoder_can_use_is_refused_before_loading(prefix, changes, message, tmp_path, monkeypatch, capsys):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def never(*args, **kwargs):
+        raise AssertionError("read by transformers: the refusal came too late")
+
+    for cls in (AutoConfig, AutoModelForCausalLM):
+        monkeypatch.setattr(cls, "from_pretrained", never)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", never)
+    folder = tiny_config(tmp_path, "m", changes)
+    assert cli.main(["verify", "--model", prefix + folder]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bcr verify: error: ") and message in err[0]
+
+
+def test_a_built_one_layer_config_is_refused():
+    from transformers import AutoConfig
+
+    from bcr_core.engine.architectures import check_architecture
+
+    with pytest.raises(ModelError, match="num_hidden_layers is 1; BCR needs at least 2"):
+        check_architecture(AutoConfig.for_model("llama", num_hidden_layers=1))
+    check_architecture(AutoConfig.for_model("llama", num_hidden_layers=2))  # two are enough
+
+
+@pytest.mark.parametrize("seed, seeds", [(-1, 3), (2**32 - 2, 3)])
+def test_unit_curve_seeds_outside_numpys_range_are_refused_before_loading(seed, seeds, monkeypatch, capsys):
+    def never(model):
+        raise AssertionError("the model loaded before the seed was checked")
+
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", never)
+    assert cli.main(["unit-curve", "--seed", str(seed), "--seeds", str(seeds)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"bcr unit-curve: error: --seed: the random selections' seeds {seed}..{seed + seeds - 1} must lie in "
+        f"[0, {2**32 - 1}] (numpy's seed range); got --seed {seed}"
+    ]
+
+
+def test_a_hub_failure_is_one_line_whatever_transformers_says(monkeypatch, capsys):
+    from transformers import AutoConfig
+
+    from bcr_core.engine import models
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to the hub.\nCheck your internet connection.\n\nSee the docs.")
+
+    monkeypatch.setattr(models, "check_hub", lambda repo_id: None)
+    monkeypatch.setattr(AutoConfig, "from_pretrained", offline)
+    assert cli.main(["verify", "--model", "someorg/some-model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "bcr verify: error: could not load model 'someorg/some-model' from the local Hugging Face cache or the hub: "
+        "We couldn't connect to the hub."
+    ]

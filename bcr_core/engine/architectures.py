@@ -143,6 +143,41 @@ def check_shapes(settings: dict, where: str) -> None:
         )
 
 
+MIN_LAYERS = 2
+WHY_TWO_LAYERS = (
+    "BCR needs at least 2 decoder layers: its draft score sums attention over layers 1 and up "
+    "(Algorithm 2) and CacheBlend's deviation is read at layer 1"
+)
+
+
+def check_layers(layers, where: str) -> None:
+    """Refuse a model too shallow for the draft's score (a layer count that is not an int is left to transformers)."""
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers < MIN_LAYERS:
+        raise ModelError(f"{where}: num_hidden_layers is {layers}; {WHY_TWO_LAYERS}")
+
+
+def check_config_file(settings: dict, where: str) -> None:
+    """Refuse, from a config.json as written and before any weights load, what no later step could use:
+    a missing or null model_type, too few layers, impossible attention shapes. {} (unreadable, or a hub
+    id not fetched yet) is left to transformers."""
+    if not settings:
+        return
+    if settings.get("model_type") is None:
+        state = "is null" if "model_type" in settings else "is missing"
+        raise ModelError(
+            f"{where}: model_type {state}; set it to one of the supported decoders "
+            f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+        )
+    check_layers(settings.get("num_hidden_layers"), where)
+    check_shapes(settings, where)
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's first non-empty line (transformers' messages run over several)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
 def raw_config(path: Path) -> dict:
     """A config.json as written (before transformers fills or validates anything); {} if unreadable."""
     try:
@@ -168,11 +203,11 @@ def config_only(name: str):
             f"config-only model {name!r}: {spec!r} is neither a config.json, a model directory, "
             f"nor a named shape ({', '.join(sorted(CONFIG_SHAPES))})"
         )
-    check_shapes(raw_config(path), str(path))
+    check_config_file(raw_config(path), str(path))
     try:
         return AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError) as err:
-        raise ModelError(f"config-only model {name!r}: cannot read {path}: {err}") from err
+        raise ModelError(f"config-only model {name!r}: cannot read {path}: {first_line(err)}") from err
 
 
 def config_tokenizer_dir(name: str) -> Path | None:
@@ -206,5 +241,6 @@ def check_architecture(config) -> None:
         | {"head_dim": getattr(config, "head_dim", None) or 0},  # a built config has its head_dim
         f"the {kind} config",
     )
+    check_layers(getattr(config, "num_hidden_layers", None), f"the {kind} config")
     if getattr(config, "use_bidirectional_attention", False):
         raise ModelError(f"{kind} with use_bidirectional_attention is an encoder, not a causal decoder: not supported")

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from bcr_core.engine.architectures import ModelError, check_architecture, check_shapes, raw_config
+from bcr_core.engine.architectures import ModelError, check_architecture, check_config_file, first_line, raw_config
 from bcr_core.engine.assets import GEMMA3_270M_GGUF, SMOLLM2_GGUF, cache_dir, fetch, fetch_split, sha256_of
 
 DEFAULT_MODEL = "default"
@@ -189,11 +189,13 @@ def load_pretrained(model: str | None, device: str | None = None, dtype: torch.d
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     source = resolve(model)
-    check_shapes(raw_config(Path(source) / "config.json"), f"{source}/config.json")
+    check_config_file(raw_config(Path(source) / "config.json"), f"{source}/config.json")
     try:
         config = AutoConfig.from_pretrained(source)
-    except OSError as err:
-        raise ModelError(f"could not load model {model!r} from the local Hugging Face cache or the hub: {err}") from err
+    except (OSError, ValueError) as err:
+        raise ModelError(
+            f"could not load model {model!r} from the local Hugging Face cache or the hub: {first_line(err)}"
+        ) from err
     check_architecture(config)
     folder = Path(source)
     if folder.is_dir() and not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
@@ -208,8 +210,7 @@ def load_pretrained(model: str | None, device: str | None = None, dtype: torch.d
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # e.g. a truncated or bad-header safetensors
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelError(f"could not load model {model!r} from {source}: {first}") from err
+        raise ModelError(f"could not load model {model!r} from {source}: {first_line(err)}") from err
     if len(tokenizer) > config.vocab_size:
         raise ModelError(
             f"model {model!r}: its tokenizer has {len(tokenizer)} tokens but the config's vocab_size is "
