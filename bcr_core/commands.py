@@ -62,7 +62,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bcr_core.analysis.summary import summarize
+    from bcr_core.analysis.summary import condition_table
     from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
     from bcr_core.runs.cell import make_cell
@@ -84,7 +84,7 @@ def cmd_run(args) -> int:
         stop=args.stop,
     )
     items = run_cell(load_backbone(args.model), cell, args.out, progress=True, batch=args.batch)
-    table = summarize(items, reference=args.reference)
+    table = condition_table(items, args.reference)
     (args.out / "summary.csv").write_text(table.to_csv(index=False))
     return print_table(table, args, digits=3)
 

@@ -94,6 +94,12 @@ def parse(spec: str) -> Condition:
     return Condition(name, number, spec_grammar.read_options(spec, "condition", name, pairs, SPECS[name].options))
 
 
+def find(conditions: list[str], spec: str) -> str:
+    """The recorded label with the same settings as `spec` (`kvcomm@0.3` finds `kvcomm`), else `spec`."""
+    wanted = parse(spec).settings
+    return next((c for c in conditions if parse(c).settings == wanted), spec)
+
+
 def split_conditions(text: str) -> list[str]:
     """A comma-separated list of conditions whose options are comma-separated too:
     `dense,bcr-chunk:chunk=16,rank=predicted,kvcomm` -> three conditions (a piece that is only

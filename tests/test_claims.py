@@ -10,6 +10,7 @@ import pytest
 
 from bcr_core import records as record_files
 from bcr_core.analysis import claims, claims_grid, claims_report, inference, line, protocol, tax
+from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
 from bcr_core.runs.cell import Cell
@@ -305,7 +306,7 @@ def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_c
     assert any(c["rows_wasted"] for c in compact) and any(c["rows_recomputed"] > c["rows_wasted"] for c in compact)
     items, calls = claims_grid.load_runs(tmp_path / "results")
     assert len(items) == 18 and len(calls) == len(full) and set(items["run"]) == {"cell"}
-    table = claims_grid.grid_table(items, calls, list(cell.conditions), reference="kvcomm:gamma=1")
+    table = condition_table(items, "kvcomm:gamma=1", conditions=list(cell.conditions), calls=calls, groups=GRID)
     assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
     record_files.export(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
     with pytest.raises(UsageError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):

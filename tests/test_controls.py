@@ -11,7 +11,7 @@ from scipy import stats as scipy_stats
 
 from bcr_core import lab
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
-from bcr_core.analysis.summary import summarize
+from bcr_core.analysis.summary import condition_table
 from bcr_core.conditions import make_server, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import Chunk, LayoutConfig
@@ -101,7 +101,7 @@ def test_skip_is_counted_in_the_summary(tiny_chat, tmp_path):
         max_new_tokens=3,
         extra={"seed": 7},
     )
-    table = summarize(run_cell(tiny_chat, cell, tmp_path, progress=False)).set_index("condition")
+    table = condition_table(run_cell(tiny_chat, cell, tmp_path, progress=False)).set_index("condition")
     reused = table.loc["kvcomm:gamma=1", "reuse_rate"] * 4 * 3  # calls KVComm served from cache
     assert reused > 0
     assert table.loc["bcr-single:gamma=1", "skipped_calls"] == reused  # every prompt is under 2B = 128 rows
@@ -177,11 +177,11 @@ def test_bcr_run_and_the_notebooks_split_one_way(tiny_chat, tmp_path):
     items = run_cell(tiny_chat, cell, tmp_path, progress=False)
     items.loc[items["condition"] == "dense", "correct"] = [True, True, True, False, True, False, False, False]
     items.loc[items["condition"] == "kvcomm:gamma=1", "correct"] = [True, False, False, False, True, True, False, False]
-    run_row = summarize(items, reference="dense").set_index("condition").loc["kvcomm:gamma=1"]
-    lab_row = lab.condition_table(items, reference="dense").set_index("condition").loc["kvcomm:gamma=1"]
-    for row in (run_row, lab_row):  # only Dense right: items 1, 2; only KVComm right: item 5
-        assert (row["only_reference_right"], row["only_condition_right"]) == (2, 1)
-    assert pd.isna(summarize(items, reference="dense").set_index("condition").loc["dense", "only_reference_right"])
+    assert lab.condition_table is condition_table  # the notebooks print the table `bcr run` prints
+    table = condition_table(items, reference="dense").set_index("condition")
+    row = table.loc["kvcomm:gamma=1"]  # only Dense right: items 1, 2; only KVComm right: item 5
+    assert (row["only_reference_right"], row["only_condition_right"]) == (2, 1)
+    assert pd.isna(table.loc["dense", "only_reference_right"])
 
 
 def test_pipeline_records_rows_wasted_for_dense_calls_as_zero(tiny_chat):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bcr_core.analysis.stats import mcnemar_exact
-from bcr_core.analysis.summary import summarize
+from bcr_core.analysis.summary import condition_table
 from bcr_core.errors import UsageError
 from bcr_core.runs import run_files, runner
 from bcr_core.runs.cell import Cell
@@ -55,12 +55,12 @@ def test_interrupted_run_resumes_to_the_same_records(tiny_chat, tmp_path, monkey
 
 def test_summary_is_paired_and_reports_bc_before_p(tiny_chat, tmp_path):
     items = run_cell(tiny_chat, CELL, tmp_path, progress=False)
-    table = summarize(items, reference="kvcomm@1")
+    table = condition_table(items, reference="kvcomm@1")
     assert list(table["condition"]) == list(CELL.conditions)
     columns = list(table.columns)
     assert columns.index("only_reference_right") < columns.index("only_condition_right") < columns.index("p_exact")
     dense = table.set_index("condition").loc["dense"]
-    assert dense["dense_agreement"] == 1.0 and dense["reuse_rate"] == 0.0
+    assert dense["agrees_dense"] == 1.0 and dense["reuse_rate"] == 0.0
     assert dense["answer_agreement"] == 1.0  # also where no answer could be extracted
     assert items["answer"].isna().any()  # (the tiny model's answers rarely name a record value)
     by = table.set_index("condition")

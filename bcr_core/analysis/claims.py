@@ -28,15 +28,9 @@ from bcr_core.analysis.protocol import (
     rows_text,
 )
 from bcr_core.analysis.summary import with_agreement
-from bcr_core.conditions import parse
+from bcr_core.conditions import find, parse
 
 EXACT_TOLERANCE = 1e-4  # the largest repaired-vs-Dense cache difference full repair may leave (fp32)
-
-
-def find(conditions: list[str], spec: str) -> str:
-    """The recorded label with the same settings as `spec` (`kvcomm@0.3` finds `kvcomm`), else `spec`."""
-    wanted = parse(spec).settings
-    return next((c for c in conditions if parse(c).settings == wanted), spec)
 
 
 def gate_points(items: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """The headline grid of the claims: the conditions it names (`ClaimsGrid`), reading its
 runs (a run's records or the committed ones, `.jsonl` or `.jsonl.gz`; conditions from several
-folders on the same items pair by item id) and its table. `runs.claims_run` runs it afresh.
+folders on the same items pair by item id). Its table is `summary.condition_table` with the
+`GRID` column groups; `runs.claims_run` runs it afresh.
 """
 
 from __future__ import annotations
@@ -9,14 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from bcr_core.analysis.claims import find, paired
-from bcr_core.analysis.inference import sign_flip
-from bcr_core.analysis.protocol import realised_rows
-from bcr_core.analysis.stats import paired_split, wilson_ci
-from bcr_core.analysis.summary import with_agreement
 from bcr_core.errors import UsageError
 from bcr_core.records import read_calls, read_records
 
@@ -47,54 +42,6 @@ def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.Data
             "point it at one grid's runs"
         )
     return items, pd.DataFrame(calls)
-
-
-# ------------------------------------------------------------------------------- the grid's table
-def grid_table(
-    items: pd.DataFrame, calls: pd.DataFrame, conditions: list[str], reference: str = "kvcomm", dense: str = "dense"
-) -> pd.DataFrame:
-    """Per condition, on the items every one of `conditions` finished: accuracy (Wilson 95%),
-    Dense-agreement, the per-item mean KL to Dense (over all of an item's calls), per-call
-    first-token agreement and KL on the condition's reuse calls (description), rows repaired and
-    wasted per reuse call and their share of the cached rows, calls skipped, and against
-    `reference` the paired split with exact p and a sign-flip p on the per-item KL."""
-    recorded = list(dict.fromkeys(items["condition"]))
-    conditions = [find(recorded, c) for c in conditions]
-    reference, dense = find(recorded, reference), find(recorded, dense)
-    hit = paired(items, "correct", *conditions).astype(bool)
-    items = with_agreement(items[items["item_id"].isin(hit.index)], dense)
-    calls = calls[calls["item_id"].isin(hit.index)]
-    kl = paired(items, "kl_mean", *conditions) if "kl_mean" in items else None
-    rows = []
-    for c in conditions:
-        mine_calls = calls[calls["condition"] == c]
-        reused = mine_calls[mine_calls["mode"] == "reuse"]
-        fid = [f for f in reused["fidelity"] if f]
-        k, n = int(hit[c].sum()), len(hit)
-        lo, hi = wilson_ci(k, n)
-        rows_per_call, share = realised_rows(calls, c, hit.index)
-        row = {
-            "condition": c,
-            "n": n,
-            "accuracy": k / n,
-            "wilson_lo": lo,
-            "wilson_hi": hi,
-            "agrees_dense": float(items[items["condition"] == c]["agrees_dense"].astype(float).mean()),
-            "kl_per_item": float(kl[c].mean()) if kl is not None else np.nan,
-            "reuse_rate": float(items[items["condition"] == c]["reuse_rate"].mean()),
-            "reuse_calls": len(reused),
-            "first_token_agree": float(np.mean([f["first_token_agree"] for f in fid])) if fid else np.nan,
-            "kl_reuse_calls": float(np.mean([f["kl"] for f in fid])) if fid else np.nan,
-            "rows_per_reuse_call": rows_per_call,
-            "rows_share": share,
-            "rows_wasted_per_call": float(reused["rows_wasted"].mean()) if len(reused) else 0.0,
-            "skipped_calls": int(mine_calls["skipped"].sum()) if "skipped" in mine_calls else 0,
-        }
-        if c != reference and reference in hit:
-            row |= paired_split(hit[reference], hit[c])
-            row["kl_p_vs_reference"] = sign_flip(kl[c] - kl[reference]) if kl is not None else np.nan
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 # ------------------------------------------------------------------------------- the grid itself

@@ -22,6 +22,7 @@ import pandas as pd
 from bcr_core.analysis import claims, claims_grid, precision
 from bcr_core.analysis import transfer as transfer_test
 from bcr_core.analysis.protocol import MEASURES, MIN_EFFECT
+from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.analysis.tax import DROP_SHARE
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
@@ -50,7 +51,9 @@ def compute(folder, grid: claims_grid.ClaimsGrid | None = None, seed: int = 0) -
     return {
         "verdicts": claims.verdicts(data["items"], data["calls"], grid.bcr, measure="agrees_dense", **common),
         "verdicts_correct": claims.verdicts(data["items"], data["calls"], grid.bcr, measure="correct", **common),
-        "grid_table": claims_grid.grid_table(data["items"], data["calls"], recorded(data["items"], grid)),
+        "grid_table": condition_table(
+            data["items"], "kvcomm", conditions=recorded(data["items"], grid), calls=data["calls"], groups=GRID
+        ),
     }
 
 

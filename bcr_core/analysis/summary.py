@@ -1,13 +1,76 @@
-"""Summaries of a run's item records: paired items only, agreement with Dense, and one row per
-condition (`bcr run`'s table)."""
+"""The per-condition table every report of the lab prints (`bcr run`, `bcr grid`, the notebooks and
+the claims' grid), and the item-level pieces it is built from: paired items only, agreement with
+Dense.
+
+One builder (`condition_table`) and one vocabulary (`COLUMNS`: every column such a table may hold,
+with its meaning, in the order the columns appear). A table asks for column groups (`GROUPS`);
+`RUN` is what `bcr run`, `bcr grid` and the notebooks print, `GRID` the claims' grid table
+(results/**/grid_table.csv).
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from bcr_core.analysis.stats import paired_table
-from bcr_core.conditions import parse
+from bcr_core.analysis.inference import sign_flip
+from bcr_core.analysis.protocol import paired, realised_rows
+from bcr_core.analysis.stats import SPLIT, paired_split, wilson_ci
+from bcr_core.conditions import find
 from bcr_core.errors import UsageError
+
+COLUMNS = {
+    "condition": "the condition's label as recorded",
+    "n": "items every condition of the table finished (every comparison is paired)",
+    "accuracy": "share of those items answered correctly",
+    "wilson_lo": "lower end of accuracy's Wilson 95% interval",
+    "wilson_hi": "upper end of accuracy's Wilson 95% interval",
+    "accuracy_strict": "accuracy under the benchmark's strict rule, where it has two",
+    "agrees_dense": "share of items whose final text is identical to Dense's",
+    "answer_agreement": "share of items whose extracted answer equals Dense's (two missing answers agree)",
+    "kl_per_item": "mean over items of the item's mean KL to Dense (items every condition measured)",
+    "reuse_rate": "mean over items of the share of calls served from an assembled cache",
+    "reuse_calls": "calls served from an assembled cache",
+    "first_token_agree": "share of reuse calls whose first token is Dense's (description)",
+    "kl_reuse_calls": "mean KL to Dense of the reuse calls (description)",
+    "rows_per_call": "mean over items of rows recomputed per call, every call counted",
+    "rows_per_reuse_call": "rows recomputed per reuse call",
+    "rows_share": "mean share of the cached rows recomputed, on the calls that repaired",
+    "rows_wasted_per_call": "rows recomputed on the agent's exact prefix per call: per reuse call where "
+    "the table reads the calls (group `calls`), else the items' mean over every call (group `items`)",
+    "skipped_calls": "calls the skip rule served unrepaired",
+    "ttft_ms": "median over items of the item's mean time to first token, ms",
+    "reference": "the condition the paired split is against",
+    "only_reference_right": "items only the reference gets right (on the table's `value`)",
+    "only_condition_right": "items only the row's condition gets right",
+    "p_exact": "exact McNemar p of that split",
+    "kl_p_vs_reference": "sign-flip p of the per-item KL difference from the reference",
+}
+
+GROUPS = {
+    "strict": ("accuracy_strict",),
+    "agreement": ("agrees_dense",),
+    "answers": ("answer_agreement",),
+    "items": ("reuse_rate", "rows_per_call", "rows_wasted_per_call", "skipped_calls"),
+    "latency": ("ttft_ms",),
+    "calls": (
+        "kl_per_item",
+        "reuse_rate",
+        "reuse_calls",
+        "first_token_agree",
+        "kl_reuse_calls",
+        "rows_per_reuse_call",
+        "rows_share",
+        "rows_wasted_per_call",
+        "skipped_calls",
+        "kl_p_vs_reference",
+    ),
+    "reference": ("reference",),
+    "split": (*SPLIT, "p_exact"),
+}
+BASE = ("condition", "n", "accuracy", "wilson_lo", "wilson_hi")
+RUN = ("strict", "agreement", "answers", "items", "latency", "reference", "split")
+GRID = ("agreement", "calls", "split")
 
 
 def paired_only(items: pd.DataFrame) -> pd.DataFrame:
@@ -34,45 +97,113 @@ def same(a: pd.Series, b: pd.Series) -> pd.Series:
     return (a == b) | (a.isna() & b.isna())
 
 
-def summarize(items: pd.DataFrame, reference: str | None = None, dense: str = "dense") -> pd.DataFrame:
-    """One row per condition: accuracy with its Wilson interval (and strict accuracy where the
-    benchmark has two rules), agreement with Dense's final text and extracted answer, reuse rate,
-    rows per call and how many of them were already exact, calls the skip rule served unrepaired,
-    TTFT, and the paired split against `reference` with its exact p (`stats.paired_table`).
-
-    Only items every condition finished are used, so every comparison is paired.
-    """
-    conditions = list(dict.fromkeys(items["condition"]))
-    items = paired_only(items)
-    table = items.pivot(index="item_id", columns="condition")
-    reference = reference or ("kvcomm" if "kvcomm" in conditions else conditions[0])
-    reference = next((c for c in conditions if parse(c).settings == parse(reference).settings), reference)
+def condition_table(
+    items: pd.DataFrame,
+    reference: str | None = None,
+    *,
+    conditions: list[str] | None = None,
+    calls: pd.DataFrame | None = None,
+    dense: str = "dense",
+    value: str = "correct",
+    groups: tuple[str, ...] = RUN,
+) -> pd.DataFrame:
+    """One row per condition (`conditions`, each found by its settings; default every recorded one,
+    in order of appearance) on the items all of them finished: `BASE`, then the columns of `groups`
+    in `COLUMNS`' order. The paired split compares each condition with `reference` (default KVComm
+    where recorded, else the first condition) on the boolean `value`; the reference's own row has
+    none. Group `calls` reads `calls`, the call records."""
+    recorded = list(dict.fromkeys(items["condition"]))
+    conditions = [find(recorded, c) for c in conditions] if conditions else recorded
+    reference = find(recorded, reference or ("kvcomm" if "kvcomm" in recorded else conditions[0]))
+    dense = find(recorded, dense)
     if reference not in conditions:
         raise UsageError(f"reference {reference!r} is not among the conditions: {', '.join(conditions)}")
-    split = paired_table(items[["item_id", "condition", "correct"]], reference).set_index("condition")
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        raise UsageError(f"unknown column group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    if "calls" in groups and calls is None:
+        raise UsageError("the `calls` column group reads the call records: pass calls=")
+    ids = paired_only(items[items["condition"].isin(conditions)])["item_id"].unique()
+    items = items[items["item_id"].isin(ids)]
+    if dense in recorded:
+        items = with_agreement(items, dense)
+    if value not in items:
+        raise UsageError(f"the paired split reads {value!r}, which the records do not hold")
+    wide = items.pivot(index="item_id", columns="condition", values=value).astype(bool)
+    calls = calls[calls["item_id"].isin(ids)] if calls is not None else None
+    kl = paired(items, "kl_mean", *conditions) if "calls" in groups and "kl_mean" in items else None
     rows = []
     for c in conditions:
-        row = {"condition": c} | split.loc[c, ["n", "accuracy", "wilson_lo", "wilson_hi"]].to_dict()
-        if "correct_strict" in table:
-            row["accuracy_strict"] = table["correct_strict"][c].astype(bool).mean()
-        rows.append(
-            row
-            | {
-                "dense_agreement": (table["final_text"][c] == table["final_text"][dense]).mean()
-                if dense in conditions
-                else None,
-                "answer_agreement": same(table["answer"][c], table["answer"][dense]).mean()
-                if dense in conditions
-                else None,
-                "reuse_rate": table["reuse_rate"][c].mean(),
-                "rows_per_call": table["rows_per_call"][c].mean(),
-                "rows_wasted_per_call": table["rows_wasted_per_call"][c].mean()
-                if "rows_wasted_per_call" in table
-                else None,
-                "skipped_calls": int(table["skipped_calls"][c].sum()) if "skipped_calls" in table else None,
-                "ttft_ms_median": 1000 * table["ttft_s_mean"][c].median(),
-                "reference": reference,
-            }
-            | split.loc[c, ["only_reference_right", "only_condition_right", "p_exact"]].to_dict()
+        mine = items[items["condition"] == c]
+        row = base_columns(mine) | strict_columns(mine) | agreement_columns(mine, items, dense)
+        row |= item_columns(mine) | {"reference": reference}
+        if "calls" in groups:
+            row |= call_columns(calls, c, ids, kl)
+        row |= split_columns(wide, kl, reference, c)
+        rows.append(row)
+    wanted = set(BASE).union(*(GROUPS[g] for g in groups))
+    present = set().union(*rows)
+    return pd.DataFrame(rows).reindex(columns=[c for c in COLUMNS if c in wanted and c in present])
+
+
+def base_columns(mine: pd.DataFrame) -> dict:
+    k, n = int(mine["correct"].astype(bool).sum()), len(mine)
+    lo, hi = wilson_ci(k, n)
+    return {"condition": mine["condition"].iloc[0], "n": n, "accuracy": k / n, "wilson_lo": lo, "wilson_hi": hi}
+
+
+def strict_columns(mine: pd.DataFrame) -> dict:
+    return {"accuracy_strict": float(mine["correct_strict"].astype(bool).mean())} if "correct_strict" in mine else {}
+
+
+def agreement_columns(mine: pd.DataFrame, items: pd.DataFrame, dense: str) -> dict:
+    """Agreement with Dense's final text and extracted answer (None where Dense was not run)."""
+    if "agrees_dense" not in mine:
+        return {"agrees_dense": None, "answer_agreement": None}
+    row = {"agrees_dense": float(mine["agrees_dense"].astype(float).mean())}
+    if "answer" in mine:
+        answers = items[items["condition"] == dense].set_index("item_id")["answer"].reindex(mine["item_id"])
+        row["answer_agreement"] = float(
+            same(mine["answer"].reset_index(drop=True), answers.reset_index(drop=True)).mean()
         )
-    return pd.DataFrame(rows)
+    return row
+
+
+def item_columns(mine: pd.DataFrame) -> dict:
+    """Per-item means of what the item records hold about reuse and time."""
+    means = ("reuse_rate", "rows_per_call", "rows_wasted_per_call")
+    return {column: float(mine[column].mean()) if column in mine else None for column in means} | {
+        "skipped_calls": int(mine["skipped_calls"].sum()) if "skipped_calls" in mine else None,
+        "ttft_ms": 1000 * float(mine["ttft_s_mean"].median()) if "ttft_s_mean" in mine else None,
+    }
+
+
+def call_columns(calls: pd.DataFrame, condition: str, ids, kl: pd.DataFrame | None) -> dict:
+    """What the condition's call records say: per-item KL, and on its reuse calls first-token
+    agreement and KL (description), rows repaired and wasted, and calls skipped."""
+    mine = calls[calls["condition"] == condition]
+    reused = mine[mine["mode"] == "reuse"]
+    fid = [f for f in reused["fidelity"] if f] if "fidelity" in reused else []
+    rows_per_call, share = realised_rows(calls, condition, ids)
+    return {
+        "kl_per_item": float(kl[condition].mean()) if kl is not None else np.nan,
+        "reuse_calls": len(reused),
+        "first_token_agree": float(np.mean([f["first_token_agree"] for f in fid])) if fid else np.nan,
+        "kl_reuse_calls": float(np.mean([f["kl"] for f in fid])) if fid else np.nan,
+        "rows_per_reuse_call": rows_per_call,
+        "rows_share": share,
+        "rows_wasted_per_call": float(reused["rows_wasted"].mean()) if len(reused) else 0.0,
+        "skipped_calls": int(mine["skipped"].sum()) if "skipped" in mine else 0,
+        "kl_p_vs_reference": np.nan,
+    }
+
+
+def split_columns(wide: pd.DataFrame, kl: pd.DataFrame | None, reference: str, condition: str) -> dict:
+    """The paired split against the reference with its exact p, and the sign-flip p on per-item KL
+    (none on the reference's own row)."""
+    if condition == reference:
+        return {"only_reference_right": np.nan, "only_condition_right": np.nan, "p_exact": np.nan}
+    split = paired_split(wide[reference], wide[condition])
+    if kl is not None:
+        split["kl_p_vs_reference"] = sign_flip(kl[condition] - kl[reference])
+    return split

@@ -4,7 +4,7 @@ attention explorer (`explorer`). A notebook imports `from bcr_core import lab` a
 below; each lives in the module named beside it.
 """
 
-from bcr_core.analysis.summary import with_agreement
+from bcr_core.analysis.summary import condition_table, with_agreement
 from bcr_core.engine.loading import lazy_backbone
 from bcr_core.lab.explorer import Exploration, Explorer, explore
 from bcr_core.lab.heatmap import SELECTED, attention_figure, field_rows, highlighted_rows, update_figure
@@ -15,7 +15,6 @@ from bcr_core.lab.tables import (
     block_table,
     budget_check,
     condition_budget,
-    condition_table,
     decomposition,
     entropy_rejections,
     gate_counts,

@@ -1,5 +1,5 @@
 """The plotly figures more than one notebook draws, each from a condition table (one row per
-condition, as `tables.condition_table` builds it: `condition`, `accuracy`, `agrees_dense`,
+condition, as `analysis.summary.condition_table` builds it: `condition`, `accuracy`, `agrees_dense`,
 `reuse_rate`, `wilson_lo`, `wilson_hi`; accuracies as fractions, drawn in percent).
 
 - `equation3`: accuracy and agreement with Dense against the reuse rate, beside the line of

@@ -1,6 +1,7 @@
-"""The tables and frames the notebooks draw, from run records: paired tables in the paper's form
-(b/c before p), the gate's rejection counter, the warm-up blocks, Equation 3's line with residuals,
-the budget check of every repaired call, seed spreads, and the token-by-token tokenization diff.
+"""The tables and frames the notebooks draw, from run records (the per-condition table is
+`analysis.summary.condition_table`): Dense-agreement compared pairwise, the gate's rejection
+counter, the warm-up blocks, Equation 3's line with residuals, the budget check of every repaired
+call, seed spreads, and the token-by-token tokenization diff.
 """
 
 from __future__ import annotations
@@ -11,48 +12,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from bcr_core.analysis.stats import SPLIT, line_residuals, paired_split, paired_table, reuse_accuracy_line, wilson_ci
+from bcr_core.analysis.stats import line_residuals, paired_split, paired_table, reuse_accuracy_line
 from bcr_core.analysis.summary import paired_only, with_agreement
 from bcr_core.conditions import SPECS, layout_config, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.prompts import tokenization_diff
-
-
-def condition_table(items: pd.DataFrame, reference: str, dense: str = "dense", value: str = "correct") -> pd.DataFrame:
-    """One row per condition: accuracy (Wilson 95%), Dense-agreement, reuse rate, rows per call,
-    TTFT, and the paired split against `reference` on `value` (`stats.paired_table`: items only the
-    reference gets right, items only the row's condition gets right, then the exact McNemar p)."""
-    items = paired_only(with_agreement(items, dense))
-    split = paired_table(items, reference, value=value).set_index("condition")
-    order = list(dict.fromkeys(items["condition"]))
-    rows = []
-    for condition in order:
-        mine = items[items["condition"] == condition]
-        k, n = int(mine["correct"].sum()), len(mine)
-        lo, hi = wilson_ci(k, n)
-        rows.append(
-            {
-                "condition": condition,
-                "n": n,
-                "accuracy": k / n,
-                "wilson_lo": lo,
-                "wilson_hi": hi,
-                "agrees_dense": float(mine["agrees_dense"].mean()),
-                "reuse_rate": float(mine["reuse_rate"].mean()),
-                "rows_per_call": float(mine["rows_per_call"].mean()),
-                "ttft_ms": 1000 * float(mine["ttft_s_mean"].median()),
-                "rows_wasted_per_call": float(mine["rows_wasted_per_call"].mean())
-                if "rows_wasted_per_call" in mine
-                else None,
-                "skipped_calls": int(mine["skipped_calls"].sum()) if "skipped_calls" in mine else None,
-            }
-            | split.loc[condition, [*SPLIT, "p_exact"]].to_dict()
-        )
-    table = pd.DataFrame(rows)
-    for column in SPLIT:
-        table[column] = table[column].astype("Int64")
-    return table
 
 
 def agreement_table(items: pd.DataFrame, reference: str, dense: str = "dense") -> pd.DataFrame:

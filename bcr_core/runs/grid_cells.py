@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.analysis.summary import summarize
+from bcr_core.analysis.summary import condition_table
 from bcr_core.engine.architectures import CONFIG_PREFIX
 from bcr_core.engine.loading import shared_backbone
 from bcr_core.engine.models import DEFAULT_MODEL
@@ -159,7 +159,7 @@ def count_lines(path: Path) -> int:
 
 
 def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
-    """`summarize` of every cell that has records, read from DIR, with the cell's name and whether
+    """`condition_table` of every cell that has records, read from DIR, with the cell's name and whether
     it is finished in front: per condition accuracy with its interval, Dense-agreement, reuse rate,
     rows per call, and the paired split against the reference with its exact p."""
     tables = []
@@ -168,7 +168,7 @@ def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
         if not records:
             continue
         items = pd.DataFrame(records)
-        summary = summarize(items.sort_values("index", kind="stable"), reference=g.cell.reference)
+        summary = condition_table(items.sort_values("index", kind="stable"), g.cell.reference)
         summary.insert(0, "finished", len(items.drop_duplicates(["condition", "item_id"])) == g.items)
         summary.insert(0, "cell", g.name)
         tables.append(summary)
@@ -177,7 +177,7 @@ def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
 
 def write_summary(grid_cell: GridCell, folder: Path, items: pd.DataFrame) -> None:
     """summary.csv, as `bcr run` writes it."""
-    (folder / "summary.csv").write_text(summarize(items, reference=grid_cell.cell.reference).to_csv(index=False))
+    (folder / "summary.csv").write_text(condition_table(items, grid_cell.cell.reference).to_csv(index=False))
 
 
 # ---------------------------------------------------------------- running one cell
