@@ -8,8 +8,9 @@ from bcr_core.analysis.stats import mcnemar_exact
 from bcr_core.analysis.summary import condition_table
 from bcr_core.errors import UsageError
 from bcr_core.runs import run_files, runner
-from bcr_core.runs.cell import Cell
+from bcr_core.runs.cell import Cell, make_cell
 from bcr_core.runs.runner import run_cell
+from bcr_core.settings import SettingError
 
 CELL = Cell(
     benchmark="synthetic",
@@ -220,3 +221,16 @@ def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(t
     assert (written["prompt"], written["stop"]) == ("one-shot", "line")
     with pytest.raises(SettingError, match="stop"):
         make_cell(benchmark="synthetic", agents=2, conditions=["dense"], n=2, max_new_tokens=4, stop="para")
+
+
+def test_make_cell_takes_the_run_settings_by_keyword_at_their_defaults():
+    cell = make_cell(benchmark="synthetic", conditions=["dense"], n=2)
+    assert (cell.n_agents, cell.max_new_tokens, cell.model, cell.extra) == (3, 512, "default", {"seed": 0})
+    assert (cell.prompt, cell.stop, cell.fidelity, cell.reference) == ("standard", "eos", False, None)
+    with pytest.raises(SettingError, match="missing") as err:
+        make_cell(benchmark="synthetic", conditions=["dense"])
+    assert err.value.key == "n"
+    with pytest.raises(SettingError, match="how a cell runs"):
+        make_cell(benchmark="synthetic", conditions=["dense"], n=2, batch=4)
+    with pytest.raises(SettingError, match="unknown setting"):
+        make_cell(benchmark="synthetic", conditions=["dense"], n=2, colour="red")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -23,8 +23,8 @@ from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.records import read_calls, read_jsonl
-from bcr_core.runs.cell import Cell
-from bcr_core.runs.run_files import read_settings
+from bcr_core.runs.cell import Cell, make_cell
+from bcr_core.runs.run_files import LATER_SETTINGS, read_settings
 from bcr_core.runs.runner import run_cell
 
 
@@ -51,15 +51,15 @@ class Comparison:
         return benchmarks.load_items(self.benchmark, self.n, **self.extra)
 
     def cell(self, conditions) -> Cell:
-        return Cell(
+        return make_cell(
             benchmark=self.benchmark,
-            n_agents=self.agents,
-            conditions=tuple(conditions),
+            agents=self.agents,
+            conditions=list(conditions),
             n=self.n,
             max_new_tokens=self.max_new_tokens,
             pinned=self.pinned,
             model=self.model,
-            extra=self.extra,
+            item_seed=self.item_seed,
             prompt=self.prompt,
             stop=self.stop,
         )
@@ -80,18 +80,17 @@ class Comparison:
         return "-".join(parts)
 
     def matches(self, settings: dict) -> bool:
-        """Whether a run folder's `cell.json` holds these settings with at least n items."""
-        return (
-            settings.get("benchmark") == self.benchmark
-            and settings.get("n_agents") == self.agents
-            and settings.get("max_new_tokens") == self.max_new_tokens
-            and settings.get("pinned") == self.pinned
-            and settings.get("model") == self.model
-            and (settings.get("extra") or {}) == self.extra
-            and settings.get("prompt", DEFAULT_PROMPT) == self.prompt
-            and settings.get("stop", DEFAULT_RULE) == self.stop
-            and int(settings.get("n", 0)) >= self.n
-        )
+        """Whether a run folder's `cell.json` holds these settings with at least n items: every field
+        of the cell this comparison runs (a setting added later read at its earlier value,
+        `run_files.LATER_SETTINGS`) but those a comparison leaves open (`OPEN`)."""
+        theirs = LATER_SETTINGS | settings | {"extra": settings.get("extra") or {}}
+        mine = asdict(self.cell(["dense"]))
+        return all(theirs.get(k) == v for k, v in mine.items() if k not in OPEN) and int(settings.get("n", 0)) >= self.n
+
+
+# What a run folder may differ in from a comparison and still serve it: its own conditions and b/c
+# reference, more items, and in-situ fidelity recorded beside the same records.
+OPEN = ("conditions", "reference", "n", "fidelity")
 
 
 def safe_name(text: str) -> str:

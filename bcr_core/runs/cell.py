@@ -63,46 +63,34 @@ def check_value(c: Condition) -> None:
         raise refuse(f"option seed is a coin stream's seed, at least 0; got {c.option('seed')}")
 
 
-def make_cell(
-    *,
-    benchmark: str,
-    agents: int,
-    conditions: list[str],
-    n: int,
-    max_new_tokens: int = 512,
-    pinned: str | None = None,
-    model: str = "default",
-    reference: str | None = None,
-    seeds: list[int] | None = None,
-    item_seed: int = 0,
-    fidelity: bool = False,
-    prompt: str = DEFAULT_PROMPT,
-    stop: str = DEFAULT_RULE,
-) -> Cell:
-    """The cell `bcr run` runs for these settings (each cell of `bcr grid` too): coin conditions
-    without a seed once per seed in `seeds`, the synthetic task's items drawn with `item_seed`.
-    Every setting is checked first by the one validator (`runs.settings.check_run`): an error names its key."""
-    given = dict(benchmark=benchmark, agents=agents, conditions=conditions, n=n, max_new_tokens=max_new_tokens)
-    given |= dict(pinned=pinned, model=model, reference=reference, seeds=seeds, item_seed=item_seed, fidelity=fidelity)
-    given |= dict(prompt=prompt, stop=stop)
-    checked = check_run(given)
-    conditions, seeds = checked["conditions"], checked["seeds"]
-    if seeds and not any(c.startswith("coin-") for c in conditions):
+def make_cell(**settings) -> Cell:
+    """The cell `bcr run` runs for these settings (each cell of `bcr grid` and of a notebook's
+    `Comparison` too): every key of `runs.settings.RUN` but `batch` (how a cell runs, not what it
+    is), by keyword, at `RUN`'s default where not given. Coin conditions without a seed run once
+    per seed in `seeds`; the synthetic task's items are drawn with `item_seed`. Every setting is
+    checked first by the one validator (`runs.settings.check_run`): an error names its key."""
+    if "batch" in settings:
+        raise SettingError("batch", "is how a cell runs, not what it is: give it to the runner, not the cell")
+    checked = check_run(settings)
+    for key, setting in RUN.items():
+        if setting.required and checked.get(key) is None:
+            raise SettingError(key, "missing; every run names it")
+    s = {key: setting.default for key, setting in RUN.items()} | checked
+    if s["seeds"] and not any(c.startswith("coin-") for c in s["conditions"]):
         raise SettingError(
             "seeds", "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
         )
-    extra = benchmarks.item_draw(benchmark, item_seed)
     return Cell(
-        benchmark,
-        agents,
-        tuple(expand_seeds(conditions, seeds)),
-        n,
-        max_new_tokens,
-        pinned,
-        model,
-        reference,
-        extra,
-        fidelity,
-        checked["prompt"],
-        checked["stop"],
+        benchmark=s["benchmark"],
+        n_agents=s["agents"],
+        conditions=tuple(expand_seeds(s["conditions"], s["seeds"])),
+        n=s["n"],
+        max_new_tokens=s["max_new_tokens"],
+        pinned=s["pinned"],
+        model=s["model"],
+        reference=s["reference"],
+        extra=benchmarks.item_draw(s["benchmark"], s["item_seed"]),
+        fidelity=s["fidelity"],
+        prompt=s["prompt"],
+        stop=s["stop"],
     )
