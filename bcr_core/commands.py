@@ -67,22 +67,12 @@ def cmd_run(args) -> int:
     from bcr_core.engine.loading import load_backbone
     from bcr_core.runs.cell import make_cell
     from bcr_core.runs.runner import run_cell
+    from bcr_core.runs.settings import RUN
 
-    cell = make_cell(
-        benchmark=args.benchmark,
-        agents=args.agents,
-        conditions=split_conditions(args.conditions),
-        n=args.n,
-        max_new_tokens=args.max_new_tokens,
-        pinned=args.pinned,
-        model=args.model,
-        reference=args.reference,
-        seeds=split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
-        item_seed=args.item_seed,
-        fidelity=args.fidelity,
-        prompt=args.prompt,
-        stop=args.stop,
-    )
+    settings = {key: getattr(args, key) for key in RUN if key != "batch"}  # batch: how the cell runs
+    settings["conditions"] = split_conditions(args.conditions)
+    settings["seeds"] = split_list(args.seeds, int, "--seeds") if args.seeds is not None else None
+    cell = make_cell(**settings)
     items = run_cell(load_backbone(args.model), cell, args.out, progress=True, batch=args.batch)
     table = condition_table(items, args.reference)
     (args.out / "summary.csv").write_text(table.to_csv(index=False))
