@@ -66,8 +66,8 @@ def cmd_run(args) -> int:
     from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
     from bcr_core.runs.cell import make_cell
+    from bcr_core.runs.run_settings import RUN
     from bcr_core.runs.runner import run_cell
-    from bcr_core.runs.settings import RUN
 
     settings = {key: getattr(args, key) for key in RUN if key != "batch"}  # batch: how the cell runs
     settings["conditions"] = split_conditions(args.conditions)
@@ -83,7 +83,7 @@ def cmd_arena(args) -> int:
     from bcr_core.arena.measures import arena_frame, selector_table
     from bcr_core.arena.run import make_arena_cell, run_arena
     from bcr_core.engine.loading import load_backbone
-    from bcr_core.records import read_calls
+    from bcr_core.record_files import read_calls
 
     cell = make_arena_cell(
         args.n,
@@ -133,7 +133,8 @@ def cmd_calibrate(args) -> int:
 
 def cmd_grid(args) -> int:
     from bcr_core.runs.grid import run_grid
-    from bcr_core.runs.grid_cells import combined_table, read_grid
+    from bcr_core.runs.grid_file import read_grid
+    from bcr_core.runs.grid_folder import combined_table
 
     grid = read_grid(args.file, model=args.model)
     failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)

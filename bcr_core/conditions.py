@@ -26,7 +26,7 @@ from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
-from bcr_core.settings import Float, Int, Str
+from bcr_core.setting_kinds import Float, Int, Str
 from bcr_core.spec_grammar import Option
 
 GATE = {"gamma": Option(Float(0.0, 1.0), KVCommConfig.gamma, "KVComm's entropy gate (Equation 2)")}

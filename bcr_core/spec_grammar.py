@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bcr_core.errors import UsageError
-from bcr_core.settings import Kind, SettingError, check_setting
+from bcr_core.setting_kinds import Kind, SettingError, check_setting
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option a spec takes: the kind of value it accepts (`bcr_core.settings`) and its default."""
+    """One option a spec takes: the kind of value it accepts (`bcr_core.setting_kinds`) and its default."""
 
     kind: Kind
     default: object

@@ -15,7 +15,7 @@ from bcr_core.arena import ceiling, measures, search
 from bcr_core.arena.copies import PAIRED, ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import make_entries
 from bcr_core.arena.run import make_arena_cell, run_arena
-from bcr_core.records import read_jsonl
+from bcr_core.record_files import read_jsonl
 from tests.test_arena import IDS, SPANS, M, assembled  # noqa: F401  (the shared fixture)
 
 CHUNK, TOKENS = 8, 4

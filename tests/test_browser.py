@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from bcr_core import lab
-from bcr_core.lab import app
-from bcr_core.lab import inspection as saved_inspection
+from bcr_core.lab import app, saved_inspection
 
 pytest.importorskip("voila")
 playwright_api = pytest.importorskip("playwright.sync_api")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core import records as record_files
+from bcr_core import record_files
 from bcr_core.analysis import claims, claims_grid, claims_report, inference, line, protocol, tax
 from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.errors import UsageError

@@ -3,7 +3,7 @@ here field by field, as cell.json holds them."""
 
 import pytest
 
-from bcr_core.lab.records import Comparison
+from bcr_core.lab.comparisons import Comparison
 
 SAVED = {  # a cell.json as `bcr run` writes it, before `prompt` and `stop` existed
     "benchmark": "synthetic",

@@ -12,8 +12,8 @@ from bcr_core.engine.assets import AssetError
 from bcr_core.errors import UsageError
 from bcr_core.lab.notebooks import NotebookError
 from bcr_core.lab.params import ParameterError
-from bcr_core.runs.grid_cells import GridError
-from bcr_core.settings import SettingError
+from bcr_core.runs.grid_file import GridError
+from bcr_core.setting_kinds import SettingError
 
 
 def run_cli(body: str) -> subprocess.CompletedProcess:
@@ -89,7 +89,7 @@ def test_mistakes_a_user_can_fix_are_one_line(argv, message, tmp_path, capsys):
 def test_a_damaged_cell_json_among_the_lab_s_runs_is_an_error_naming_it(tmp_path, text, holds):
     """The lab's search for earlier runs reads every `cell.json` as the runner does: a damaged one is
     refused, naming the file, not skipped (a skipped run would be silently recomputed)."""
-    from bcr_core.lab.records import find_runs
+    from bcr_core.lab.comparisons import find_runs
 
     (tmp_path / "good").mkdir()
     (tmp_path / "good" / "cell.json").write_text('{"n": 4}')

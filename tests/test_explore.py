@@ -13,7 +13,7 @@ from bcr_core import lab
 from bcr_core.cli import main
 from bcr_core.errors import UsageError
 from bcr_core.lab import app
-from bcr_core.lab import inspection as saved
+from bcr_core.lab import saved_inspection as saved
 from bcr_core.repair.layouts import LayoutConfig
 
 SETTINGS = dict(

@@ -7,13 +7,15 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import tiny_llama_config
 
 import bcr_core
 from bcr_core import cli
-from bcr_core.runs import grid, grid_cells, grid_ray
+from bcr_core.runs import grid, grid_folder, grid_ray
+from bcr_core.runs.grid_file import read_grid
 from bcr_core.runs.run_files import process_alive, read_jsonl
 
 TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
@@ -79,7 +81,7 @@ def test_in_process_grid_writes_each_cell_as_bcr_run_and_one_table(in_process):
     for name in ("two_agents", "coin"):
         assert len(read_jsonl(in_process / name / "items.jsonl")) == 6
         assert (in_process / name / "summary.csv").exists() and (in_process / name / "cell.json").exists()
-    table = grid_cells.pd.read_csv(in_process / "grid.csv")
+    table = pd.read_csv(in_process / "grid.csv")
     assert list(table[["cell", "condition"]].itertuples(index=False, name=None)) == [
         ("two_agents", "dense"),
         ("two_agents", "kvcomm@1"),
@@ -93,15 +95,15 @@ def test_in_process_grid_writes_each_cell_as_bcr_run_and_one_table(in_process):
 
 def test_a_finished_grid_runs_nothing(in_process, tiny_config):
     before = {p: p.stat().st_mtime_ns for p in in_process.glob("*/*.jsonl")}
-    cells = grid_cells.read_grid(in_process.parent / "grid.toml")
+    cells = read_grid(in_process.parent / "grid.toml")
     assert grid.run_grid(cells, in_process) == []
     assert {p: p.stat().st_mtime_ns for p in in_process.glob("*/*.jsonl")} == before
 
 
 def test_the_grid_files_in_the_readme_read():
     root = Path(bcr_core.__file__).parent.parent
-    assert [g.name for g in grid_cells.read_grid(root / "grids" / "two_cells.toml")] == ["synthetic_2", "synthetic_3"]
-    paper = grid_cells.read_grid(root / "grids" / "paper.toml")
+    assert [g.name for g in read_grid(root / "grids" / "two_cells.toml")] == ["synthetic_2", "synthetic_3"]
+    paper = read_grid(root / "grids" / "paper.toml")
     assert len(paper) == 13 and {g.cell.model for g in paper} == {"meta-llama/Llama-3.1-8B-Instruct"}
     two_cells = (root / "grids" / "two_cells.toml").read_text().split("\n\n", 1)[1]
     assert two_cells in (root / "README.md").read_text()
@@ -173,7 +175,7 @@ def ray_address():
 
 
 def test_ray_grid_gives_the_records_of_the_in_process_grid(in_process, ray_address, tmp_path, tiny_config):
-    cells = grid_cells.read_grid(grid_file(tmp_path, tiny_config))
+    cells = read_grid(grid_file(tmp_path, tiny_config))
     assert grid.run_grid(cells, tmp_path / "grid", ray=ray_address) == []
     for name in ("two_agents", "coin"):
         for kind in ("items.jsonl", "calls.jsonl"):
@@ -181,8 +183,8 @@ def test_ray_grid_gives_the_records_of_the_in_process_grid(in_process, ray_addre
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "grid").glob("*/*.jsonl")}
     assert grid.run_grid(cells, tmp_path / "grid", ray=ray_address) == []  # finished cells are not resubmitted
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "grid").glob("*/*.jsonl")} == before
-    table = grid_cells.combined_table(cells, tmp_path / "grid")
-    expected = grid_cells.pd.read_csv(in_process / "grid.csv")
+    table = grid_folder.combined_table(cells, tmp_path / "grid")
+    expected = pd.read_csv(in_process / "grid.csv")
     assert (
         table[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
         == expected[["accuracy", "reuse_rate", "p_exact"]].fillna(-1).values
@@ -201,16 +203,16 @@ def test_a_killed_ray_grid_is_finished_by_the_next_run(ray_address, tmp_path, ti
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    cells = grid_cells.read_grid(path)
+    cells = read_grid(path)
     deadline = time.monotonic() + 240  # generous: a loaded machine starts Ray workers slowly
-    while sum(grid_cells.count_lines(out / g.name / "items.jsonl") for g in cells) < 3:
+    while sum(grid_folder.count_lines(out / g.name / "items.jsonl") for g in cells) < 3:
         assert driver.poll() is None and time.monotonic() < deadline, "the Ray grid wrote no items"
         time.sleep(0.05)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     deadline = time.monotonic() + 30  # the dead driver's tasks are ended by Ray
     while any(
-        holder and process_alive(int(holder)) for holder in (grid_cells.lock_holder(out / g.name) for g in cells)
+        holder and process_alive(int(holder)) for holder in (grid_folder.lock_holder(out / g.name) for g in cells)
     ):
         assert time.monotonic() < deadline, "the killed grid's tasks kept running"
         time.sleep(0.2)
@@ -259,3 +261,44 @@ def test_a_cell_that_fails_fails_alone_with_its_reason_and_the_grid_goes_on(tiny
     assert "Traceback" not in err[: err.index("cell buggy failed")]
     assert "cell buggy did not finish" in err and "cell unfetchable did not finish" in err
     assert "cell fine did not finish" not in err
+
+
+class FakeRay:
+    """Ray's `init` and `shutdown`, raising what it is given at every start."""
+
+    def __init__(self, error: Exception):
+        self.error, self.starts = error, 0
+
+    def init(self, **options):
+        self.starts += 1
+        raise self.error
+
+    def shutdown(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Exception("The current node timed out during startup."),  # what Ray's node raises
+        RuntimeError("Failed to start the GCS server"),
+        ConnectionError("Could not find any running Ray instance."),
+    ],
+)
+def test_ray_that_cannot_start_is_one_line_after_a_retry(error):
+    ray = FakeRay(error)
+    with pytest.raises(grid_ray.GridError, match=r"--ray: could not start a local Ray instance: "):
+        grid_ray.start_local(ray)
+    assert ray.starts == 2
+    with pytest.raises(grid_ray.GridError, match=r"--ray HOST:1: cannot join the Ray cluster: "):
+        grid_ray.connect(FakeRay(error), "HOST:1", quiet=True)
+
+
+@pytest.mark.parametrize("error", [TypeError("init() got an unexpected keyword"), KeyError("num_cpus")])
+def test_a_bug_under_ray_start_keeps_its_traceback(error):
+    ray = FakeRay(error)
+    with pytest.raises(type(error)):
+        grid_ray.start_local(ray)
+    assert ray.starts == 1  # not retried, not turned into a message
+    with pytest.raises(type(error)):
+        grid_ray.connect(FakeRay(error), "HOST:1", quiet=True)

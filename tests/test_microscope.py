@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bcr_core import lab
-from bcr_core.lab import inspection as saved
 from bcr_core.lab import microscope
+from bcr_core.lab import saved_inspection as saved
 
 SETTINGS = dict(
     model="tiny", benchmark="synthetic", item_seed=34, agents=2, n=4, max_new_tokens=4, gamma=1.0, layout="chunk"

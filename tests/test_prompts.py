@@ -8,7 +8,7 @@ from bcr_core.agents.graph import FINAL, full_connected
 from bcr_core.data import roles, synthetic
 from bcr_core.errors import UsageError
 from bcr_core.reuse.prompts import Template, base_prefix, begin_of_text, build_prompt, tokenization_diff
-from bcr_core.settings import SettingError
+from bcr_core.setting_kinds import SettingError
 
 VALUES = {
     "user_question": "Tom has 3 apples and buys 4 more. How many apples does he have?",

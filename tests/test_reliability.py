@@ -455,7 +455,7 @@ def gzipped(path, text: str) -> None:
 
 def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
     from bcr_core.probes.unit_curve import read_prompts
-    from bcr_core.runs.grid_cells import read_grid
+    from bcr_core.runs.grid_file import read_grid
 
     gzipped(tmp_path / "cell.json", (finished / "cell.json").read_text())
     with pytest.raises(UsageError, match=r"cell.json is not UTF-8 text \(byte 1, it is gzip'd\); expected a run's"):
@@ -590,16 +590,16 @@ def test_a_grid_out_that_is_a_file_or_a_ray_address_that_does_not_answer_is_one_
 
 
 def test_a_grid_cell_with_a_bad_record_is_named_before_any_work(finished, tmp_path, monkeypatch):
-    from bcr_core.runs import grid, grid_cells
+    from bcr_core.runs import grid, grid_file, grid_task
 
     (tmp_path / "grid.toml").write_text(GRID)
-    cells = grid_cells.read_grid(tmp_path / "grid.toml")
+    cells = grid_file.read_grid(tmp_path / "grid.toml")
     assert cells[0].cell == CELL
     (tmp_path / "out").mkdir()
     copied(finished, tmp_path / "out").rename(tmp_path / "out" / "a")
     edit_lines(tmp_path / "out" / "a" / ITEMS, lambda ls: with_record(ls, 12, index="3"))
-    monkeypatch.setattr(grid_cells, "shared_backbone", lambda model: pytest.fail("work started"))
-    with pytest.raises(grid_cells.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
+    monkeypatch.setattr(grid_task, "shared_backbone", lambda model: pytest.fail("work started"))
+    with pytest.raises(grid_file.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
         grid.run_grid(cells, tmp_path / "out", progress=False)
 
 

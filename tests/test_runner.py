@@ -10,7 +10,7 @@ from bcr_core.errors import UsageError
 from bcr_core.runs import run_files, runner
 from bcr_core.runs.cell import Cell, make_cell
 from bcr_core.runs.runner import run_cell
-from bcr_core.settings import SettingError
+from bcr_core.setting_kinds import SettingError
 
 CELL = Cell(
     benchmark="synthetic",
@@ -184,7 +184,7 @@ def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(t
     from bcr_core.errors import UsageError
     from bcr_core.paths import RESULTS
     from bcr_core.runs.cell import make_cell
-    from bcr_core.settings import SettingError
+    from bcr_core.setting_kinds import SettingError
 
     committed = json.loads((RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json").read_text())
     assert "prompt" not in committed and "stop" not in committed

@@ -1,4 +1,4 @@
-"""One settings model (`bcr_core.settings`) for `bcr run`, `bcr grid` and the notebooks' parameter
+"""One settings model (`bcr_core.setting_kinds`) for `bcr run`, `bcr grid` and the notebooks' parameter
 cells: the same bad value is refused with the same words on each, under that surface's name for the key."""
 
 import pytest
@@ -7,8 +7,8 @@ from bcr_core import cli
 from bcr_core.conditions import parse
 from bcr_core.errors import UsageError
 from bcr_core.lab import params
-from bcr_core.runs.settings import check_run
-from bcr_core.settings import SettingError
+from bcr_core.runs.run_settings import check_run
+from bcr_core.setting_kinds import SettingError
 
 # (key, a bad value, the CLI's spelling of it, what every surface must say after the key)
 CASES = [

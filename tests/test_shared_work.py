@@ -127,7 +127,7 @@ def test_the_committed_cell_a_items_come_out_the_same_with_all_sharing_on(real, 
     assembled cache) at batch size 8 with --fidelity, decodes and measurements shared and prefills
     extended from the longest kept prefix: every call's tokens, route, gate decisions, repaired rows
     and fidelity as committed (floats within the suite's tolerance)."""
-    from bcr_core import records as record_files
+    from bcr_core import record_files
     from bcr_core.paths import RESULTS
 
     folder = RESULTS / "claims" / "a"

@@ -7,7 +7,7 @@ from bcr_core import spec_grammar
 from bcr_core.arena.registry import make_entries, parse_spec
 from bcr_core.conditions import expand_seeds, parse
 from bcr_core.errors import UsageError
-from bcr_core.settings import Int, Str
+from bcr_core.setting_kinds import Int, Str
 from bcr_core.spec_grammar import Option
 
 TAKES = {"chunk": Option(Int(1), 64), "rank": Option(Str(("all", "predicted")), "all")}

@@ -11,7 +11,7 @@ from bcr_core.engine.stopping import first_line_ended, stop_rule
 from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.reuse.calls import drive, stopping
 from bcr_core.reuse.servers import DenseServer
-from bcr_core.settings import SettingError
+from bcr_core.setting_kinds import SettingError
 
 
 class Pieces:

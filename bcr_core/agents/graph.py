@@ -9,7 +9,7 @@ from __future__ import annotations
 from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS, RoleSet
 from bcr_core.reuse.prompts import QUESTION, Template, agent_placeholder
-from bcr_core.settings import SettingError
+from bcr_core.setting_kinds import SettingError
 
 MIN_AGENTS, MAX_AGENTS = 2, 5
 FINAL = "final"

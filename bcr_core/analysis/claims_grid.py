@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from bcr_core.errors import UsageError
-from bcr_core.records import read_calls, read_records
+from bcr_core.record_files import read_calls, read_records
 
 GATE = "gate"  # the gate sweep's run folder: its own Dense and KVComm, read apart from the main grid
 

@@ -219,7 +219,7 @@ def read_arena(folder) -> pd.DataFrame:
     """The arena frame of a run folder (`calls.jsonl`, or the committed `calls.jsonl.gz`)."""
     from pathlib import Path
 
-    from bcr_core.records import read_calls
+    from bcr_core.record_files import read_calls
 
     folder = Path(folder)
     if not (folder / "calls.jsonl").exists() and not (folder / "calls.jsonl.gz").exists():

@@ -19,15 +19,14 @@ import numpy as np
 import torch
 
 from bcr_core import paper, spec_grammar
-from bcr_core.arena import search
-from bcr_core.arena import selectors as arena_selectors
+from bcr_core.arena import arena_selectors, search
 from bcr_core.arena.context import CallContext
 from bcr_core.conditions import split_conditions
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import RANKS
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking, Selector
 from bcr_core.reuse.segments import predicted_rows
-from bcr_core.settings import Int, Str
+from bcr_core.setting_kinds import Int, Str
 from bcr_core.spec_grammar import Option
 
 RANK = {"rank": Option(Str(RANKS), "all", "all: every cached row; predicted: only rows KVComm predicted")}

@@ -18,7 +18,7 @@ from bcr_core.analysis.claims_report import model_of, p_text, transfer, transfer
 from bcr_core.arena import ceiling, measures
 from bcr_core.arena.copies import PAIRED
 from bcr_core.errors import UsageError
-from bcr_core.records import read_calls
+from bcr_core.record_files import read_calls
 
 
 def selector_markdown(frame: pd.DataFrame) -> str:

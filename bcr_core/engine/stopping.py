@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bcr_core.settings import SettingError
+from bcr_core.setting_kinds import SettingError
 
 RULES = ("eos", "line")  # "eos": the model's end token or the cap, the default
 DEFAULT_RULE = "eos"

@@ -1,15 +1,17 @@
 """The lab behind the notebooks: parameter checks (`params`), the headless notebook runner
-(`notebooks`), run records (`records`), tables (`tables`), call inspection (`inspection`) and the
-attention explorer (`explorer`). A notebook imports `from bcr_core import lab` and reads the names
-below; each lives in the module named beside it.
+(`notebooks`), run records gathered into comparisons (`comparisons`), tables (`tables`), call
+inspection (`inspection`), saved inspections (`saved_inspection`) and the attention explorer
+(`explorer`). A notebook imports `from bcr_core import lab` and reads the names below; each lives
+in the module named beside it.
 """
 
 from bcr_core.analysis.summary import condition_table, with_agreement
 from bcr_core.engine.loading import lazy_backbone
+from bcr_core.lab import saved_inspection
+from bcr_core.lab.comparisons import Comparison, Runs, cached_frame, canonical, collect, condition, label, safe_name
 from bcr_core.lab.explorer import Exploration, Explorer, explore
 from bcr_core.lab.heatmap import SELECTED, attention_figure, field_rows, highlighted_rows, update_figure
 from bcr_core.lab.inspection import CallView, Inspection, answers_side_by_side, inspect_requests
-from bcr_core.lab.records import Comparison, Runs, cached_frame, canonical, collect, condition, label, safe_name
 from bcr_core.lab.tables import (
     agreement_table,
     block_table,
@@ -62,6 +64,7 @@ __all__ = [
     "readable",
     "rows_per_call",
     "safe_name",
+    "saved_inspection",
     "seed_table",
     "token_alignment",
     "tokenization_calls",

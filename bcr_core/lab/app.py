@@ -54,7 +54,7 @@ def explorer_notebook(parameters: dict, folder: Path, results: Path = SAVED, res
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
-    from bcr_core.lab import inspection, params
+    from bcr_core.lab import inspection, params, saved_inspection
 
     declared = papermill.inspect_notebook(str(NOTEBOOK))
     folders = {"results", "results_dir"}  # set by the app, absolute
@@ -80,7 +80,7 @@ def explorer_notebook(parameters: dict, folder: Path, results: Path = SAVED, res
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / NOTEBOOK.name
     nbformat.write(notebook, target)
-    saved = inspection.find(checked, [results, Path(results_dir) / "explorer"])
+    saved = saved_inspection.find(checked, [results, Path(results_dir) / "explorer"])
     return Prepared(target, checked, saved, explicit)
 
 

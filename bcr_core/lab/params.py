@@ -17,8 +17,8 @@ import html
 import os
 from typing import Any
 
-from bcr_core.runs.settings import RUN, SEED, ConditionName
-from bcr_core.settings import (  # noqa: F401  (the kinds, re-exported: notebooks declare parameters with them)
+from bcr_core.runs.run_settings import RUN, SEED, ConditionName
+from bcr_core.setting_kinds import (  # noqa: F401  (the kinds, re-exported: notebooks declare parameters with them)
     Bool,
     Float,
     Int,
@@ -40,7 +40,7 @@ FRACTION = Float(0.0, 1.0)
 
 # Every parameter any notebook declares, with the kind of value it takes.
 SCHEMA: dict[str, Kind] = {
-    # the settings a notebook shares with `bcr run`, as `bcr run` checks them (bcr_core.runs.settings.RUN)
+    # the settings a notebook shares with `bcr run`, as `bcr run` checks them (bcr_core.runs.run_settings.RUN)
     "model": RUN["model"].kind,  # 'default' (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id
     "benchmark": RUN["benchmark"].kind,
     "agents": RUN["agents"].kind,

@@ -25,7 +25,7 @@ from bcr_core.data import benchmarks, synthetic
 from bcr_core.data.roles import PROMPTS
 from bcr_core.engine.stopping import RULES
 from bcr_core.errors import UsageError
-from bcr_core.records import append_jsonl, numbered_jsonl, rewrite_jsonl
+from bcr_core.record_files import append_jsonl, numbered_jsonl, rewrite_jsonl
 from bcr_core.reuse.servers import DenseServer
 
 CANDIDATES = tuple((prompt, stop) for prompt in PROMPTS for stop in RULES)

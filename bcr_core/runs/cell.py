@@ -10,8 +10,8 @@ from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
 from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
-from bcr_core.runs.settings import RUN, check_run
-from bcr_core.settings import SettingError, check_setting
+from bcr_core.runs.run_settings import RUN, check_run
+from bcr_core.setting_kinds import SettingError, check_setting
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,10 @@ def check_value(c: Condition) -> None:
 
 def make_cell(**settings) -> Cell:
     """The cell `bcr run` runs for these settings (each cell of `bcr grid` and of a notebook's
-    `Comparison` too): every key of `runs.settings.RUN` but `batch` (how a cell runs, not what it
+    `Comparison` too): every key of `runs.run_settings.RUN` but `batch` (how a cell runs, not what it
     is), by keyword, at `RUN`'s default where not given. Coin conditions without a seed run once
     per seed in `seeds`; the synthetic task's items are drawn with `item_seed`. Every setting is
-    checked first by the one validator (`runs.settings.check_run`): an error names its key."""
+    checked first by the one validator (`runs.run_settings.check_run`): an error names its key."""
     if "batch" in settings:
         raise SettingError("batch", "is how a cell runs, not what it is: give it to the runner, not the cell")
     checked = check_run(settings)

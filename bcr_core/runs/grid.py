@@ -21,7 +21,9 @@ import traceback
 from pathlib import Path
 
 from bcr_core.errors import UsageError
-from bcr_core.runs.grid_cells import GridCell, GridError, check_folders, items_done, run_grid_cell
+from bcr_core.runs.grid_file import GridCell, GridError
+from bcr_core.runs.grid_folder import check_folders, items_done
+from bcr_core.runs.grid_task import run_grid_cell
 
 
 def run_in_process(grid: list[GridCell], out: Path, progress: bool = True) -> list[str]:
@@ -62,6 +64,6 @@ def run_grid(
         raise GridError(f"--out {out} cannot hold a grid: {reason}; give a folder") from None
     if ray is None:
         return run_in_process(grid, out, progress=progress)
-    from bcr_core.runs.grid_ray import run_on_ray  # loaded when asked for; it reads grid_cells, not this module
+    from bcr_core.runs.grid_ray import run_on_ray  # loaded when asked for; it reads the grid_* modules, not this one
 
     return run_on_ray(grid, out, ray, quiet=quiet)

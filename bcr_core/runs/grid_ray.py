@@ -12,15 +12,9 @@ import time
 from pathlib import Path
 
 from bcr_core.errors import UsageError
-from bcr_core.runs.grid_cells import (
-    GridCell,
-    GridError,
-    check_folders,
-    count_lines,
-    items_done,
-    lock_holder,
-    run_grid_cell,
-)
+from bcr_core.runs.grid_file import GridCell, GridError
+from bcr_core.runs.grid_folder import check_folders, count_lines, items_done, lock_holder
+from bcr_core.runs.grid_task import run_grid_cell
 
 LOCAL = "local"  # `--ray` without an address: start a Ray instance for this run
 
@@ -50,7 +44,9 @@ def connect(ray, address: str, quiet: bool) -> None:
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "5")  # Ray's own wait for a cluster's answer, ~1 s a try
     try:
         ray.init(address=address, **options)
-    except Exception as err:  # ConnectionError, or Ray's own for an address that is not a cluster
+    except Exception as err:
+        if not cannot_start(err):
+            raise  # a bug, with its traceback
         raise GridError(
             f"--ray {address}: cannot join the Ray cluster: {one_line(err)}; start it with "
             "`ray start --head` (and `ray start --address HEAD:PORT` on the other nodes)"
@@ -80,13 +76,22 @@ def start_local(ray, **options) -> None:
         try:
             ray.init(include_dashboard=False, **options)
             return
-        except Exception as err:  # Ray raises a bare Exception for a node that timed out during startup
+        except Exception as err:
+            if not cannot_start(err):
+                raise  # a bug, with its traceback
             ray.shutdown()
             if attempt:
                 raise GridError(
                     f"--ray: could not start a local Ray instance: {one_line(err)}; on a busy machine "
                     "start one beforehand (`ray start --head`) and pass `--ray auto`"
                 ) from None
+
+
+def cannot_start(err: Exception) -> bool:
+    """Whether `err` is Ray saying it cannot start or join an instance: a ConnectionError or
+    TimeoutError, a RuntimeError of its start-up, or the bare `Exception` its node raises when it
+    does not register in time ("timed out during startup"). Anything else is a bug and propagates."""
+    return isinstance(err, (ConnectionError, TimeoutError, RuntimeError)) or type(err) is Exception
 
 
 def task_failure(err: Exception) -> str:

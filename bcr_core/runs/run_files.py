@@ -17,7 +17,7 @@ from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
-from bcr_core.records import append_jsonl, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
+from bcr_core.record_files import append_jsonl, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
 from bcr_core.runs.cell import Cell
 
 
@@ -76,7 +76,7 @@ class RunFiles:
     def finished(
         self, item_ids: list[str], nodes: list[str], stateful: set[str] = frozenset()
     ) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
-        """The finished items and their calls (each with its implied fields, `records.derive`), keyed
+        """The finished items and their calls (each with its implied fields, `record_files.derive`), keyed
         by (condition, item id).
 
         `append` writes an item's calls (synced) before its item line, so a crash can leave only a

@@ -22,7 +22,7 @@ from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
-from bcr_core.records import read_calls, read_jsonl
+from bcr_core.record_files import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell, make_cell
 from bcr_core.runs.run_files import LATER_SETTINGS, read_settings
 from bcr_core.runs.runner import run_cell

@@ -1,8 +1,8 @@
 """The settings of `bcr run` (`RUN`), which `bcr grid` and the notebooks' parameter cells read too,
-in the kinds of `bcr_core.settings`: a condition (`ConditionName`), a list of them (`Conditions`),
+in the kinds of `bcr_core.setting_kinds`: a condition (`ConditionName`), a list of them (`Conditions`),
 and `check_run`, the checks of a whole `bcr run` command. They live here, beside the runner, because
 checking a condition means parsing it (`bcr_core.conditions`), and the conditions' own options
-are checked by the kinds of `bcr_core.settings`: one direction, no circle.
+are checked by the kinds of `bcr_core.setting_kinds`: one direction, no circle.
 """
 
 from __future__ import annotations
@@ -16,7 +16,18 @@ from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
 from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.engine.stopping import DEFAULT_RULE, RULES
 from bcr_core.errors import UsageError
-from bcr_core.settings import Bool, Int, Kind, ListOf, Optional, Setting, SettingError, Str, check_setting, cli_label
+from bcr_core.setting_kinds import (
+    Bool,
+    Int,
+    Kind,
+    ListOf,
+    Optional,
+    Setting,
+    SettingError,
+    Str,
+    check_setting,
+    cli_label,
+)
 
 
 @dataclass(frozen=True)

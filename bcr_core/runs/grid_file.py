@@ -1,6 +1,6 @@
-"""A grid file's cells: reading and checking the file, running one cell into `DIR/NAME` as `bcr run`
-would, and what DIR holds (items done, a cell's lock, the combined table). Both executors of
-`bcr_core.runs.grid` (in this process, and on Ray in `bcr_core.runs.grid_ray`) read these.
+"""A grid file's cells: reading a TOML grid file and checking every setting of every cell (by the
+run settings' one validator, `runs.run_settings`) before any work, each error naming the file and
+the key.
 """
 
 from __future__ import annotations
@@ -12,19 +12,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
-from bcr_core.analysis.summary import condition_table
 from bcr_core.engine.architectures import CONFIG_PREFIX
-from bcr_core.engine.loading import shared_backbone
 from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
 from bcr_core.runs.cell import Cell, make_cell
-from bcr_core.runs.run_files import check_folder, read_items
-from bcr_core.runs.runner import run_cell
-from bcr_core.runs.settings import RUN
-from bcr_core.settings import SettingError, check_setting, cli_label
+from bcr_core.runs.run_settings import RUN
+from bcr_core.setting_kinds import SettingError, check_setting, cli_label
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
 
@@ -46,9 +40,6 @@ class GridCell:
     def items(self) -> int:
         """Item records the finished cell holds (one per condition and item)."""
         return self.cell.n * len(self.cell.conditions)
-
-
-# ---------------------------------------------------------------- reading and checking a grid file
 
 
 def read_grid(path: Path, model: str = DEFAULT_MODEL) -> list[GridCell]:
@@ -133,93 +124,3 @@ def absolute_model(model: str) -> str:
     prefix = CONFIG_PREFIX if model.startswith(CONFIG_PREFIX) else ""
     spec = Path(os.path.expanduser(model[len(prefix) :].strip()))
     return prefix + str(spec.resolve()) if not spec.is_absolute() and spec.exists() else model
-
-
-# ---------------------------------------------------------------- what DIR holds
-
-
-def items_done(grid_cell: GridCell, out: Path) -> int:
-    """Item records of the cell's conditions in DIR/NAME (read from disk, nothing kept)."""
-    records = read_items(Path(out) / grid_cell.name / "items.jsonl", grid_cell.cell.conditions)
-    return len({(r["condition"], r["item_id"]) for r in records})
-
-
-def is_finished(grid_cell: GridCell, out: Path) -> bool:
-    """Every condition has every item in DIR/NAME/items.jsonl."""
-    return items_done(grid_cell, out) == grid_cell.items
-
-
-def count_lines(path: Path) -> int:
-    """A cheap running count of records for progress (a torn last line may be counted)."""
-    try:
-        with open(path, "rb") as f:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
-
-
-def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
-    """`condition_table` of every cell that has records, read from DIR, with the cell's name and whether
-    it is finished in front: per condition accuracy with its interval, Dense-agreement, reuse rate,
-    rows per call, and the paired split against the reference with its exact p."""
-    tables = []
-    for g in grid:
-        records = read_items(Path(out) / g.name / "items.jsonl", g.cell.conditions)
-        if not records:
-            continue
-        items = pd.DataFrame(records)
-        summary = condition_table(items.sort_values("index", kind="stable"), g.cell.reference)
-        summary.insert(0, "finished", len(items.drop_duplicates(["condition", "item_id"])) == g.items)
-        summary.insert(0, "cell", g.name)
-        tables.append(summary)
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["cell", "finished", "condition"])
-
-
-def write_summary(grid_cell: GridCell, folder: Path, items: pd.DataFrame) -> None:
-    """summary.csv, as `bcr run` writes it."""
-    (folder / "summary.csv").write_text(condition_table(items, grid_cell.cell.reference).to_csv(index=False))
-
-
-# ---------------------------------------------------------------- running one cell
-
-
-def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item=None) -> int:
-    """Run (or resume) one cell into out/NAME, as `bcr run` would; returns its item records.
-    This is also the Ray task: it writes everything itself and returns only a count."""
-    folder = Path(out) / grid_cell.name
-    items = run_cell(
-        shared_backbone(grid_cell.load),
-        grid_cell.cell,
-        folder,
-        progress=progress,
-        batch=grid_cell.batch,
-        label=grid_cell.name,
-        on_item=on_item,
-    )
-    write_summary(grid_cell, folder, items)
-    return len(items)
-
-
-# ---------------------------------------------------------------- what is left to run
-
-
-def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
-    """The cells still to run; a folder holding another run's records stops the grid before any work."""
-    todo = []
-    for g in grid:
-        try:
-            check_folder(Path(out) / g.name, g.cell)
-            finished = is_finished(g, out)  # its records are read, and checked, here
-        except UsageError as err:
-            raise GridError(f"cell {g.name}: {err}") from None
-        if not finished:
-            todo.append(g)
-    return todo
-
-
-def lock_holder(folder: Path) -> str | None:
-    """The pid in a run folder's lock (its task is writing there), or None."""
-    try:
-        return (folder / ".lock").read_text().strip()
-    except OSError:
-        return None

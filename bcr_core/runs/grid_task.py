@@ -1,0 +1,39 @@
+"""Running one grid cell into `DIR/NAME` exactly as `bcr run --out DIR/NAME` would (records, resume,
+summary.csv): the one function both executors call, in this process and as the Ray task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from bcr_core.analysis.summary import condition_table
+from bcr_core.engine.loading import shared_backbone
+from bcr_core.runs.grid_file import GridCell
+from bcr_core.runs.runner import run_cell
+
+
+def write_summary(grid_cell: GridCell, folder: Path, items: pd.DataFrame) -> None:
+    """summary.csv, as `bcr run` writes it."""
+    (folder / "summary.csv").write_text(condition_table(items, grid_cell.cell.reference).to_csv(index=False))
+
+
+# ---------------------------------------------------------------- running one cell
+
+
+def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item=None) -> int:
+    """Run (or resume) one cell into out/NAME, as `bcr run` would; returns its item records.
+    This is also the Ray task: it writes everything itself and returns only a count."""
+    folder = Path(out) / grid_cell.name
+    items = run_cell(
+        shared_backbone(grid_cell.load),
+        grid_cell.cell,
+        folder,
+        progress=progress,
+        batch=grid_cell.batch,
+        label=grid_cell.name,
+        on_item=on_item,
+    )
+    write_summary(grid_cell, folder, items)
+    return len(items)
