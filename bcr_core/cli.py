@@ -12,12 +12,15 @@ from pathlib import Path
 
 from bcr_core import paper
 from bcr_core.commands import (
+    REPORTS,
     cmd_arena,
     cmd_calibrate,
     cmd_demo,
     cmd_explore,
+    cmd_export,
     cmd_grid,
     cmd_notebooks,
+    cmd_report,
     cmd_run,
     cmd_ttft,
     cmd_unit_curve,
@@ -207,7 +210,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(explore)
     explore.set_defaults(run=cmd_explore)
+    add_records_commands(sub)
     return parser
+
+
+def add_records_commands(sub) -> None:
+    """The subcommands that read records already on disk and load no model."""
+    export = sub.add_parser(
+        "export", help="a run folder's records for committing: gzip, each call's counts in place of its id lists"
+    )
+    export.add_argument(
+        "run_dir", metavar="RUN_DIR", type=Path, help="a run folder (`bcr run --out`, `bcr arena --out`)"
+    )
+    export.add_argument(
+        "out", metavar="OUT_DIR", type=Path, help="folder to write cell.json, items.jsonl.gz and calls.jsonl.gz into"
+    )
+    export.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+    export.set_defaults(run=cmd_export)
+
+    report = sub.add_parser("report", help="recompute the committed tables (docs/results.md) from records")
+    report.add_argument("kind", choices=REPORTS, help="'claims' (verdicts and grid table) or 'arena'")
+    report.add_argument(
+        "folders",
+        metavar="FOLDER",
+        type=Path,
+        nargs="+",
+        help="one folder per model; several also print the transfer table",
+    )
+    report.set_defaults(run=cmd_report)
 
 
 def main(argv: list[str] | None = None) -> int:

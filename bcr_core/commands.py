@@ -267,6 +267,32 @@ def cmd_explore(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from bcr_core.record_files import export, read_records
+
+    items = export(args.run_dir, args.out)
+    calls = len(read_records(args.out / "calls.jsonl.gz"))
+    done = {"items": items, "calls": calls, "out": str(args.out)}
+    print(json.dumps(done) if args.json else f"exported {items} item and {calls} call records to {args.out}")
+    return 0
+
+
+REPORTS = ("claims", "arena")
+
+
+def cmd_report(args) -> int:
+    """The committed tables' Markdown (docs/results.md) recomputed from the folders' records."""
+    for folder in args.folders:
+        if not folder.is_dir():
+            raise UsageError(f"{folder}: no such folder of {args.kind} records")
+    if args.kind == "claims":
+        from bcr_core.analysis.claims_report import main as report
+    else:
+        from bcr_core.arena.report import main as report
+    report([str(f) for f in args.folders])
+    return 0
+
+
 ITEMS = {int: "integers", float: "numbers", str: "names"}
 
 

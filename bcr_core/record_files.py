@@ -117,6 +117,8 @@ def committed(call: dict) -> dict:
 def export(run: Path, target: Path) -> int:
     """Write a run folder's records for committing (gzip, `committed` calls) beside its settings;
     returns the item records written."""
+    run, target = Path(run), Path(target)
+    check_exportable(run, target)
     target.mkdir(parents=True, exist_ok=True)
     items = read_records(run / "items.jsonl")
     calls = [committed(c) for c in read_records(run / "calls.jsonl")]
@@ -125,3 +127,15 @@ def export(run: Path, target: Path) -> int:
         with gzip.open(target / name, "wt", compresslevel=9) as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
     return len(items)
+
+
+def check_exportable(run: Path, target: Path) -> None:
+    """A run folder (`cell.json` and `items.jsonl` inside) exported somewhere other than itself."""
+    if not run.is_dir():
+        raise UsageError(f"{run}: no such run folder")
+    if not (run / "cell.json").is_file():
+        raise UsageError(f"{run}: no cell.json, so not a run folder (`bcr run --out` and `bcr arena --out` write one)")
+    if not (run / "items.jsonl").is_file():
+        raise UsageError(f"{run}: no items.jsonl to export (a committed folder is already exported)")
+    if target.resolve() == run.resolve():
+        raise UsageError(f"{target}: the export would overwrite its own run folder; name another folder")

@@ -357,9 +357,9 @@ def test_notebook_11_runs_headless_in_smoke_mode(tmp_path):
 
 
 @pytest.mark.parametrize("folder", ["arena", "arena-gemma-3-270m"])
-def test_the_committed_arena_gives_the_readmes_table(folder):
+def test_the_committed_arena_gives_the_documented_table(folder):
     """results/arena (SmolLM2-135M) and results/arena-gemma-3-270m hold the arena's compact records;
-    every line the README shows of each is what `bcr_core.arena.report` computes from them, and every
+    every line docs/results.md shows of each is what `bcr_core.arena.report` computes from them, and every
     selector spent the paired rows."""
     from bcr_core.arena import report
     from bcr_core.paths import RESULTS
@@ -367,14 +367,14 @@ def test_the_committed_arena_gives_the_readmes_table(folder):
     frame = measures.read_arena(RESULTS / folder)
     paired = frame[(frame["budget"] == PAIRED) & ~frame["selector"].str.contains("rank=predicted")]
     assert (paired.groupby(["item_id", "node"])["rows"].nunique() == 1).all()
-    readme = (RESULTS.parent / "README.md").read_text()
+    shown_in = (RESULTS.parent / "docs" / "results.md").read_text()
     for line in report.markdown(RESULTS / folder).splitlines():
-        assert line in readme, line
+        assert line in shown_in, line
 
 
-def test_the_readmes_arena_transfer_table_compares_like_with_like():
+def test_the_documented_arena_transfer_table_compares_like_with_like():
     """The two committed arenas differ in their model and their item count only (same task, agents,
-    serving condition, selectors and budgets), and the README's transfer table is what they give."""
+    serving condition, selectors and budgets), and docs/results.md's transfer table is what they give."""
     from bcr_core.arena import report
     from bcr_core.paths import RESULTS
 
@@ -390,9 +390,9 @@ def test_the_readmes_arena_transfer_table_compares_like_with_like():
         assert said == (expected if a != b or "undecided" in (a, b) or differ else "yes"), (a, b, said)
     with pytest.raises(UsageError, match="same model"):
         report.transfer_table([folders[0], folders[0]])
-    readme = (RESULTS.parent / "README.md").read_text()
+    shown_in = (RESULTS.parent / "docs" / "results.md").read_text()
     for line in report.transfer_lines(folders).splitlines():
-        assert line in readme, line
+        assert line in shown_in, line
 
 
 def test_every_selector_shares_one_protocol_and_the_registry_reads_its_costs_from_the_class():

@@ -12,7 +12,7 @@ from bcr_core import record_files
 from bcr_core.analysis import claims, claims_grid, claims_report, inference, line, protocol, tax
 from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.errors import UsageError
-from bcr_core.paths import RESULTS
+from bcr_core.paths import CHECKOUT, RESULTS
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import run_cell
 
@@ -314,8 +314,8 @@ def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_c
 
 
 def test_the_committed_results_give_the_committed_verdicts():
-    """results/claims holds compact records that notebook 10 reads by default; the verdicts the README
-    shows must be what the code computes from them (a change to either is caught here)."""
+    """results/claims holds compact records that notebook 10 reads by default; the verdicts
+    docs/results.md shows must be what the code computes from them (a change to either is caught here)."""
     root = RESULTS / "claims"
     grid = claims_grid.ClaimsGrid()
     tables = claims_report.compute(root, grid)
@@ -323,7 +323,7 @@ def test_the_committed_results_give_the_committed_verdicts():
     assert len(table) == len(grid.main() + grid.matched()) and table["n"].nunique() == 1 and table["n"].iloc[0] == 200
     predicted = table[table["condition"].str.contains("rank=predicted")]
     assert (predicted["rows_wasted_per_call"] == 0).all() and (predicted["rows_per_reuse_call"] > 0).all()
-    readme = (root.parent.parent / "README.md").read_text()
+    shown_in = (CHECKOUT / "docs" / "results.md").read_text()
     for name in ("verdicts", "verdicts_correct"):
         committed = pd.read_csv(root / f"{name}.csv")
         assert tables[name]["claim"].tolist() == committed["claim"].tolist()
@@ -332,7 +332,7 @@ def test_the_committed_results_give_the_committed_verdicts():
     shown = claims_report.markdown(tables["verdicts"], tables["verdicts_correct"]) + "\n"
     shown += claims_report.grid_markdown(pd.read_csv(root / "grid_table.csv"))
     for text in shown.splitlines():
-        assert text in readme, text
+        assert text in shown_in, text
 
 
 def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
@@ -414,9 +414,9 @@ def test_a_claim_transfers_only_where_both_decide_alike_and_the_paired_differenc
         claims_report.model_of(tmp_path)
 
 
-def test_the_committed_gemma_grid_gives_the_readmes_transfer_table():
+def test_the_committed_gemma_grid_gives_the_documented_transfer_table():
     """`claims_report.GEMMA` holds Gemma 3 270M's runs of the same grid; its verdicts are its own Holm
-    family, recomputed from its records, and the README's transfer table (one paired test per claim of
+    family, recomputed from its records, and docs/results.md's transfer table (one paired test per claim of
     the two models' per-item values) and Gemma grid table are what the two folders give."""
     root = claims_report.GEMMA
     tables = claims_report.compute(root)
@@ -431,6 +431,6 @@ def test_the_committed_gemma_grid_gives_the_readmes_transfer_table():
     both = {claims_report.label_of(claims_report.SMOLLM2): smollm2, claims_report.label_of(root): tables["verdicts"]}
     shown = claims_report.transfer_markdown(claims_report.transfer(both), list(both)) + "\n"
     shown += claims_report.grid_markdown(pd.read_csv(root / "grid_table.csv"))
-    readme = (RESULTS.parent / "README.md").read_text()
+    shown_in = (CHECKOUT / "docs" / "results.md").read_text()
     for text in shown.splitlines():
-        assert text in readme, text
+        assert text in shown_in, text

@@ -109,6 +109,25 @@ def test_the_grid_files_in_the_readme_read():
     assert two_cells in (root / "README.md").read_text()
 
 
+def test_the_paper_grid_runs_random_allocation_as_notebook_08_does():
+    """App. A.1 (P5) chooses Random's probability so that its reuse rate lands on Protect-the-Root's:
+    p = 1 - reuse(protect-root) / reuse(kvcomm), derived from the run. Notebook 08 derives it; the
+    paper grid cannot know the rates before its cell runs, so it runs no Random at a constant p and
+    says how to run it from the cell's rates."""
+    import json
+
+    root = Path(bcr_core.__file__).parent.parent
+    paper = read_grid(root / "grids" / "paper.toml")
+    allocation = next(g for g in paper if g.name == "allocation_gsm8k_5")
+    assert {"protect-root", "protect-leaf", "kvcomm", "dense"} == set(allocation.cell.conditions)
+    assert not any(c.startswith("random-alloc") for g in paper for c in g.cell.conditions)
+    text = (root / "grids" / "paper.toml").read_text()
+    assert "p = 1 - reuse(protect-root) / reuse(kvcomm)" in text and "random-alloc@P" in text
+    cells = json.loads((root / "notebooks" / "08_allocation.ipynb").read_text())["cells"]
+    source = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert "1 - rates[root] / rates[reuse_label]" in source
+
+
 # ------------------------------------------------------------------ a malformed grid file: one line naming the key
 
 BASE = '[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n'

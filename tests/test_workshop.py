@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 import shlex
 
+import pandas as pd
 import pytest
 
 from bcr_core.cli import build_parser, main
 from bcr_core.commands import read_parameters
 from bcr_core.lab import app, params
 from bcr_core.lab.notebooks import declared_parameters, notebook_paths
-from bcr_core.paths import CHECKOUT
+from bcr_core.paths import CHECKOUT, RESULTS
 
 DOC = CHECKOUT / "docs" / "workshop.md"
 
@@ -52,3 +53,133 @@ def test_each_command_parses_against_the_real_cli(command, capsys):
         given = read_parameters(args.parameter)
         assert set(given) <= declared, f"{command}: no notebook declares {set(given) - declared}"
         params.check(**given)
+
+
+# ------------------------------------------------------------------ the numbers it teaches, from the committed data
+
+
+def doc_text() -> str:
+    return " ".join(DOC.read_text().split())  # line breaks in the prose read as spaces
+
+
+def verdict(table: pd.DataFrame, claim: str) -> pd.Series:
+    return table.set_index("claim").loc[claim]
+
+
+def test_the_claims_and_curve_it_quotes_are_the_committed_ones():
+    """The grid's wasted rows, the verdicts it reads out and the unit curve's gap shares, each
+    recomputed here from results/claims (the curve's gap share written out: per prompt, the coin's
+    mean error over its seeds minus informed's, over the unrepaired error, then the mean over prompts)."""
+    text = doc_text()
+    claims = RESULTS / "claims"
+    grid = pd.read_csv(claims / "grid_table.csv").set_index("condition").loc["bcr-chunk:chunk=16"]
+    assert f"{grid.rows_wasted_per_call:.1f} of {grid.rows_per_reuse_call:.1f} rows per reuse call" in text
+    agree, kl = pd.read_csv(claims / "verdicts.csv"), pd.read_csv(claims / "verdicts_correct.csv")
+    reuse = verdict(agree, "reuse costs Dense-agreement")
+    assert f"({reuse.verdict}: {100 * reuse.effect:+.1f} points)" in text
+    coin = verdict(agree, "draft beats coin at chunk granularity")
+    said = f"is {coin.verdict} on agreement with Dense ({100 * coin.effect:+.1f} points "
+    assert said + f"[{100 * coin.ci_lo:+.1f}, {100 * coin.ci_hi:+.1f}] per item)" in text
+    coin_kl = verdict(agree, "draft beats coin at chunk granularity, KL per item")
+    assert verdict(kl, "draft beats coin at chunk granularity, KL per item").verdict == coin_kl.verdict
+    assert (
+        f"{coin_kl.verdict} on KL per item ({coin_kl.effect:+.4f} [{coin_kl.ci_lo:+.4f}, {coin_kl.ci_hi:+.4f}])" in text
+    )
+    curve = pd.read_csv(claims / "unit_curve.csv")
+    share = {}
+    for unit in sorted(curve["unit"].unique()):
+        per_prompt = []
+        for prompt in sorted(curve["prompt"].unique()):
+            rows = curve[(curve["unit"] == unit) & (curve["prompt"] == prompt)]
+            coin_error = rows[rows["selection"] == "random"]["error"].mean()
+            informed = rows[rows["selection"] == "informed"]["error"].iloc[0]
+            per_prompt.append((coin_error - informed) / rows["unrepaired_error"].iloc[0])
+        share[unit] = 100 * sum(per_prompt) / len(per_prompt)
+    said = f"by {share[1]:.0f}% of the unrepaired error at single rows, {share[16]:.0f}% at 16-row chunks, "
+    assert said + f"{share[64]:.0f}% at 64 and {share[256]:.0f}% at 256" in text
+
+
+def test_the_url_it_tells_them_to_open_is_the_one_the_app_prints():
+    assert f"`explorer: http://{app.HOST}:8866/`" in doc_text() and "localhost" not in DOC.read_text()
+
+
+def chunks_of(rows: list[int]) -> list[str]:
+    """`[0, 1, 2, 5, 6]` -> `["0-2", "5-6"]`."""
+    runs, start = [], rows[0]
+    for prev, row in zip(rows, rows[1:] + [None]):
+        if row != prev + 1:
+            runs.append(f"{start}-{prev}")
+            start = row
+    return runs
+
+
+def test_the_exercises_answers_are_the_committed_inspections():
+    """Exercises 1-4 against the committed saved inspection (item 4's calls), the rows worked out here:
+    Algorithm 2's score (layers 1 and up, heads and draft steps averaged), Algorithm 1's chunk count
+    round(rho M / B) of the best mean-scoring 16-row chunks, single rows as the top round(rho M), and
+    each selector's lane as the explorer draws it (`microscope.picks`) scored against `kv-error`'s band."""
+    import numpy as np
+    import torch
+
+    from bcr_core.lab import inspection, microscope
+
+    text = doc_text()
+    saved = inspection.load(next((RESULTS / "explorer").glob("*.pt")))
+    view, short = saved.view(4, "agent_3"), saved.view(4, "agent_1")
+    rows, chunk, prefix = view.rows, 16, view.segments[0]["stop"]
+    shared = {r for s in view.segments if s["placeholder"] for r in range(s["start"], s["stop"])}
+    attention = view.attention.double()
+    score = attention[1:].mean(dim=(1, 2)).sum(dim=0).numpy()
+    assert f"item 4, `agent_3` ({rows} cached rows)" in text and f"`agent_1` ({short.rows} rows)" in text
+
+    spans = [(a, min(a + chunk, rows)) for a in range(0, rows, chunk)]
+    best = sorted(sorted(spans, key=lambda s: -score[s[0] : s[1]].mean())[: round(0.2 * rows / chunk)])
+    picked = [r for a, b in best for r in range(a, b)]
+    on_prefix = sum(r < prefix for r in picked)
+    runs = chunks_of(picked)
+    assert f"{len(picked)} rows selected, in three chunks: rows {runs[0]}, {runs[1]} and {runs[2]}" in text
+    assert f"{on_prefix} of the {len(picked)} sit on the agent's own prefix (rows 0-{prefix - 1})" in text
+    assert f"The prefix takes {100 * score[:prefix].sum() / score.sum():.0f}% of the score mass" in text
+
+    single = ", ".join(str(round(rho * rows)) for rho in (0.1, 0.2, 0.3, 0.4))
+    assert f"single selects exactly round(ρ·M) rows: {single} of {rows}" in text
+    assert f"({round(0.1 * rows / chunk) * chunk} rows at ρ = 0.1, {len(picked)} at 0.2)" in text
+    assert 0.1 * short.rows < chunk and f"0.1 · {short.rows} = {0.1 * short.rows:.1f} < {chunk} rows" in text
+
+    def top(values, k):
+        return set(np.argsort(-values, kind="stable")[:k].tolist())
+
+    k = round(0.2 * rows)
+    summed, layer0 = top(score, k), top(attention[0].mean(dim=(0, 1)).numpy(), k)
+    layer3 = top(attention[3, :, 1].mean(dim=0).numpy(), k)
+
+    def counts(chosen):
+        return sum(r < prefix for r in chosen), len(chosen & shared)
+
+    assert f"{counts(summed)[0]} of the {k} rows are on the exact prefix and {counts(summed)[1]} on the shared" in text
+    assert f"with layer 0, none on the prefix and {counts(layer0)[1]} on the shared values" in text
+    assert counts(layer0)[0] == 0 and f"head 1 puts {counts(layer3)[0]} on the prefix" in text
+
+    error = view.rankings["oracle"].double()  # saved before the K/V-error ranking was renamed `kv-error`
+    assert error[:prefix].sum() / error.sum() < 1e-6  # the prefix is exact: float rounding only
+    answer = next(s for s in view.segments if s["name"] == "agent_2_current")
+    mass = 100 * error[answer["start"] : answer["stop"]].sum() / error.sum()
+    assert f"(rows {answer['start']}-{answer['stop'] - 1}) holds {mass:.0f}% of the error mass" in text
+    lanes = microscope.picks(view, len(picked), chunk)
+    assert sorted(lanes["draft"]) == picked and len(lanes) == 11 and "of the eleven" in text
+
+    def cover(name):
+        return f"{100 * error[torch.tensor(lanes[name])].sum() / error.sum():.0f}%"
+
+    assert f"puts {on_prefix} of its {len(picked)} rows on the prefix and covers {cover('draft')} of the error" in text
+    assert cover("kv-error") == cover("cacheblend:layer=3")
+    assert (
+        f"`kv-error` and CacheBlend at check layer 3 cover {cover('kv-error')}, a coin {cover('coin:seed=0')}" in text
+    )
+
+    def answer_of(name):
+        return view.answers[(tuple(lanes[name]), saved.parameters["max_new_tokens"])]
+
+    assert " ".join(answer_of("kv-error").split()).startswith("The other agents: Tom: Tom:")
+    assert f'Dense\'s "{view.dense_text}"' in text
+    assert [name for name in lanes if answer_of(name) == view.dense_text] == ["ours"]

@@ -1,12 +1,12 @@
-"""The verdict table of a claims folder, as committed CSVs and as the README's Markdown.
+"""The verdict table of a claims folder, as committed CSVs and as docs/results.md's Markdown.
 
-`python -m bcr_core.analysis.claims_report results/claims` recomputes every verdict from the
-folder's records (on agreement with Dense, and again on accuracy), writes `verdicts.csv`,
-`verdicts_correct.csv` and `grid_table.csv` beside them, and prints the Markdown table and its
-list of tests that README shows. Given two folders (one per model, on the same items), each is its
-own Holm family, and the transfer table reads each claim's transfer from one paired test of the two
-models' per-item values (`bcr_core.analysis.transfer`). `SMOLLM2` and `GEMMA` are the folders the
-README reads; `GEMMA` is the one line to change when the Gemma reruns behind `<bos>` land.
+`bcr report claims results/claims` recomputes every verdict from the folder's records (on
+agreement with Dense, and again on accuracy), writes `verdicts.csv`, `verdicts_correct.csv` and
+`grid_table.csv` beside them, and prints the Markdown table and its list of tests that
+docs/results.md shows. Given two folders (one per model, on the same items), each is its own Holm
+family, and the transfer table reads each claim's transfer from one paired test of the two models'
+per-item values (`bcr_core.analysis.transfer`). `SMOLLM2` and `GEMMA` are the folders
+docs/results.md reads; `GEMMA` is the one line to change when the Gemma reruns behind `<bos>` land.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def recorded(items: pd.DataFrame, grid: claims_grid.ClaimsGrid) -> list[str]:
 
 
 def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:
-    """Write the three tables into `folder` (computed afresh unless given); return the README's Markdown."""
+    """Write the three tables into `folder` (computed afresh unless given); return docs/results.md's Markdown."""
     tables = tables or compute(folder)
     for name, table in tables.items():
         table.to_csv(Path(folder) / f"{name}.csv", index=False)
@@ -142,7 +142,7 @@ def number(value, digits: int = 1, scale: float = 1.0) -> str:
 
 
 def grid_markdown(table: pd.DataFrame) -> str:
-    """The grid table as README shows it: per-item measures first, per-call ones as description."""
+    """The grid table as docs/results.md shows it: per-item measures first, per-call ones as description."""
     lines = [
         "| condition | accuracy % [95% CI] | agrees with Dense % | KL to Dense per item | reuse calls | "
         "first-token agree % | KL on reuse calls | rows / reuse call (share of cached) | wasted rows / reuse call | "

@@ -1,9 +1,9 @@
-"""The arena's tables as the README shows them, from a run folder or its compact copy.
+"""The arena's tables as docs/results.md shows them, from a run folder or its compact copy.
 
-`python -m bcr_core.arena.report results/arena` prints the per-selector table at BCR-chunk's own
+`bcr report arena results/arena` prints the per-selector table at BCR-chunk's own
 count (per-item KL with its interval, the share of the achievable gain, per-call rates, rows and
 cost), the rows-vs-KL frontier over the budget sweep, and one line per verdict; a test checks that
-every line of it is in the README. Given several folders (one arena per model), it prints each and
+every line of it is in docs/results.md. Given several folders (one arena per model), it prints each and
 then the transfer table: every verdict per model, each model's table its own Holm family.
 """
 
@@ -174,6 +174,10 @@ def transfer_lines(folders) -> str:
     return transfer_markdown(transfer_table(folders), [model_of(f) for f in folders])
 
 
-if __name__ == "__main__":
-    folders = sys.argv[1:] or ["results/arena"]
+def main(folders: list) -> None:
+    """Print each folder's tables, then (given several) the transfer table across their models."""
     print("\n\n".join([*map(markdown, folders), *([transfer_lines(folders)] if len(folders) > 1 else [])]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["results/arena"])
