@@ -121,10 +121,10 @@ def test_the_exercises_answers_are_the_committed_inspections():
     import numpy as np
     import torch
 
-    from bcr_core.lab import inspection, microscope
+    from bcr_core.lab import microscope, saved_inspection
 
     text = doc_text()
-    saved = inspection.load(next((RESULTS / "explorer").glob("*.pt")))
+    saved = saved_inspection.load(next((RESULTS / "explorer").glob("*.pt")))
     view, short = saved.view(4, "agent_3"), saved.view(4, "agent_1")
     rows, chunk, prefix = view.rows, 16, view.segments[0]["stop"]
     shared = {r for s in view.segments if s["placeholder"] for r in range(s["start"], s["stop"])}
