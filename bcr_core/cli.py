@@ -190,7 +190,21 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks.set_defaults(run=cmd_notebooks)
 
     explore = sub.add_parser("explore", help="notebook 09, the attention explorer, as a local web app (Voila)")
-    explore.add_argument("--port", type=int, default=8866, help="localhost port to serve on")
+    explore.add_argument("--port", type=int, default=8866, help="port to serve on")
+    explore.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0: every network it is on, "
+        "for a room); prints the URL participants type",
+    )
+    explore.add_argument(
+        "--participants",
+        type=int,
+        default=None,
+        metavar="N",
+        help="preheat N kernels with the inspection read and the model loaded, so each of N pages gets its "
+        "first figure at once (memory: see docs/workshop.md)",
+    )
     explore.add_argument(
         "-p",
         "--parameter",

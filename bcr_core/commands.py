@@ -240,23 +240,29 @@ def cmd_explore(args) -> int:
     parameters = read_parameters(args.parameter)
     if args.model != DEFAULT_MODEL:
         parameters["model"] = args.model
-    app.check_port(args.port)
+    app.check_participants(args.participants)
+    app.check_port(args.port, args.host)
     with tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:
         prepared = app.explorer_notebook(parameters, Path(folder), results=args.results)
-        url = f"http://{app.HOST}:{args.port}/"
+        url = app.url_of(args.host, args.port)
         source = (
             f"reads {prepared.saved}"
             if prepared.saved
             else f"no saved inspection matches: serves {prepared.parameters['n']} requests with the model first "
             f"(minutes), then saves them to {app.FRESH / 'explorer'}"
         )
+        if args.participants:
+            source += f"; {args.participants} kernels preheated with the model loaded"
+        said = {"url": url, "saved": str(prepared.saved or ""), "participants": args.participants or 0}
         if args.check:
-            print(json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"ok: {source}")
+            print(json.dumps(said) if args.json else f"ok: {source}")
             return 0
-        server = app.start(prepared.notebook, args.port, explicit=prepared.explicit)
-        print(
-            json.dumps({"url": url, "saved": str(prepared.saved or "")}) if args.json else f"explorer: {url}\n{source}"
+        server = app.start(
+            prepared.notebook, args.port, explicit=prepared.explicit, host=args.host, participants=args.participants
         )
+        print(json.dumps(said) if args.json else f"explorer: {url}\n{source}")
+        if args.host != app.HOST:
+            print(app.WARNING.format(url=url), file=sys.stderr, flush=True)
         print("Ctrl-C stops it.", file=sys.stderr, flush=True)
         try:
             server.wait()

@@ -1,10 +1,13 @@
 """Notebook 09 in a real browser: the Voila app (`bcr explore`) and JupyterLab, each driven by
-Playwright through the system Chromium (headless) on the committed saved inspection, so no model is
-loaded. Each moves rho, the layout, the layer and the head, and reads the plotly figure back from the
+Playwright through the system Chromium (headless) on the committed saved inspection. Each moves rho,
+the layout, the layer and the head, and reads the plotly figure back from the
 page: its highlighted rows are the rows the layout selects, its title counts them, each selector's
 lane of the microscope marks the rows that selector picks, the title is wholly visible (inside the
 figure, under no control, cell or segment name: screen geometry), and neither the browser's console
 nor JupyterLab's log console holds an error. The HTML report's static copy is checked the same way.
+In both frontends, ticking "decode the repaired answer" then shows an answer decoded live with the
+model (the one place these tests load it), and four pages opened on the app at once each reach the
+figure and move a control.
 
 Chromium comes from the system (`make setup` installs Debian's `chromium` when it is missing and it
 can); the tests skip without it, except where BCR_REQUIRE_BROWSER is set (CI), where they fail.
@@ -22,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from bcr_core import lab
-from bcr_core.lab import app, saved_inspection
+from bcr_core.lab import app, room, saved_inspection
 
 pytest.importorskip("voila")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -80,6 +83,7 @@ CHANGES = [  # control, value shown in the page, the explorer's setting it gives
     ("head", "1", {"head": 1}),
 ]
 TIMEOUT_MS = 120_000
+DECODE_TIMEOUT_MS = 600_000  # the model loads and the requests are served again before the first live answer
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +273,102 @@ def test_voila_app_highlights_the_selection(explorer_setup, tmp_path, capsys):
     assert server_errors((tmp_path / "voila.log").read_text()) == []
 
 
+ANSWER_AT = """(label) => {
+    const rows = Array.from(document.querySelectorAll('table tr'));
+    const row = rows.find(r => r.cells.length > 1 && r.cells[0].textContent.startsWith(label));
+    return row ? row.cells[1].textContent : null;
+}"""
+STATUS = "() => Array.from(document.querySelectorAll('.widget-html-content')).map(e => e.textContent).join('\\n')"
+
+
+def decoded_live(page, rho: str) -> str:
+    """Tick "decode the repaired answer", move rho to a setting the saved inspection holds no answer
+    for, and wait for the layout's repaired answer: the decoded text (the model loads once and the caches
+    are rebuilt or read, with a progress line on the page meanwhile)."""
+    page.locator(".widget-checkbox input").first.check()
+    change(page, "rho", rho)
+    label = f"single at ρ={rho}"
+    page.wait_for_function(f"() => ({STATUS})().includes('loading the model')", timeout=TIMEOUT_MS)  # said
+    waiting = [lab.explorer.DECODING, lab.explorer.NOT_DECODED, "(not decoded"]
+    try:
+        page.wait_for_function(
+            f"([label, waiting]) => {{ const a = ({ANSWER_AT})(label); "
+            "return a !== null && !waiting.some(w => a.includes(w)); }",
+            arg=[label, waiting],
+            timeout=DECODE_TIMEOUT_MS,
+        )
+    except playwright_api.TimeoutError:
+        raise AssertionError(
+            f"no decoded answer at {label!r}: it shows {page.evaluate(ANSWER_AT, label)!r}; {page.evaluate(STATUS)!r}"
+        ) from None
+    return page.evaluate(ANSWER_AT, label)
+
+
+def test_voila_app_decodes_the_repaired_answer_live(explorer_setup, tmp_path, capsys):
+    prepared, _ = explorer_setup
+    port = app.free_port()
+    with open(tmp_path / "voila.log", "w") as log:
+        server = app.start(prepared.notebook, port, log)
+        try:
+            with playwright_api.sync_playwright() as p:
+                browser, _ = launch(p)
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                errors = console_errors(page)
+                page.goto(f"http://127.0.0.1:{port}/", timeout=TIMEOUT_MS)
+                page.wait_for_function(f"() => ({room.TITLE})() !== null", timeout=TIMEOUT_MS)
+                change(page, "layout", "single")
+                started = time.perf_counter()
+                answer = decoded_live(page, "0.45")
+                seconds = time.perf_counter() - started
+                browser.close()
+        finally:
+            app.stop(server)
+    report_line("voila live decode", {"tick to decoded answer s": round(seconds, 1), "answer": answer[:40]}, capsys)
+    assert answer.strip()
+    assert errors == [], errors
+    assert server_errors((tmp_path / "voila.log").read_text()) == []
+
+
+ROOM = 4  # pages at once: what this 2-core machine takes beside its other work (about 0.5 GB a kernel)
+
+
+def test_a_room_of_four_pages_at_once_each_reaches_the_figure_and_moves_a_control(explorer_setup, tmp_path, capsys):
+    """`bcr explore` serving a room: four pages opened in the same instant, each with its own kernel, each
+    reaches the figure, and the layout control moves it on every page that answers, with no console error.
+
+    An open defect is measured, not asserted away: with several pages loading at once on this 2-core
+    machine some pages' controls can stay dead (none to three of four across runs, with or without
+    preheating; cause not found: the app under load, or one Chromium holding every page). The test asserts
+    what must hold in every run: every page its figure and kernel, and the control working somewhere."""
+    prepared, inspection = explorer_setup
+    port = app.free_port()
+    _, moved_title, _ = expected(inspection, prepared.parameters, {"layout": "single"})
+    with open(tmp_path / "voila.log", "w") as log:
+        server = app.start(prepared.notebook, port, log)
+        try:
+            pages = room.open_room(f"http://127.0.0.1:{port}/", ROOM, move=True, timeout_ms=TIMEOUT_MS * 3)
+            kernels = len(room.kernels(server))
+            memory = room.memory_bytes(server)
+        finally:
+            app.stop(server)
+    moved = [p for p in pages if p.failure is None]
+    report = {
+        "first figure s": [round(p.first_figure_s, 1) for p in pages if p.first_figure_s],
+        "control s": [round(p.control_s, 2) for p in pages if p.control_s],
+        "dead controls": ROOM - len(moved),
+        "kernels": kernels,
+        "server and kernels GB": round(memory / 1e9, 2),
+    }
+    report_line(f"room of {ROOM}", report, capsys)
+    assert all(p.first_figure_s is not None for p in pages), [p.failure for p in pages]  # every page drawn
+    assert all(p.failure.startswith("at the control") for p in pages if p.failure), [p.failure for p in pages]
+    assert moved, "the layout control moved the figure on no page"
+    assert all(moved_title in p.title for p in moved), [p.title for p in moved]
+    assert [p.errors for p in moved] == [[]] * len(moved)
+    assert kernels == ROOM  # one kernel per page
+    assert server_errors((tmp_path / "voila.log").read_text()) == []
+
+
 def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, capsys):
     prepared, inspection = explorer_setup
     port = app.free_port()
@@ -316,6 +416,9 @@ def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, c
                 # at the last cell: look at the explorer, as its user would
                 page.locator(".widget-vbox").first.scroll_into_view_if_needed()
                 drive(page, inspection, prepared.parameters, report)
+                started = time.perf_counter()
+                report["answer decoded live"] = decoded_live(page, "0.45")[:40]
+                report["tick to decoded answer s"] = round(time.perf_counter() - started, 1)
                 page.locator("li.lm-MenuBar-item", has_text="View").first.click()
                 page.locator(".lm-Menu-item", has_text="Show Log Console").first.click()
                 console = page.locator(".jp-LogConsolePanel").first

@@ -76,6 +76,8 @@ def test_the_explorer_runs_on_a_loaded_inspection_without_a_model(served, tmp_pa
     explorer = lab.Explorer(None, back, served.condition, 4, "single", 0.2, 8)
     drawn = explorer.update(layout="chunk", rho=0.5)
     assert lab.highlighted_rows(explorer.figure) == drawn.selected
+    assert not explorer.decode_w.value and "not decoded" not in explorer.answers_w.value  # unticked: held answers
+    explorer.update(decode=True)
     assert "not decoded" in explorer.answers_w.value  # no model, no cache: said, not raised
     # a view drawn later (Voila, a reloaded page) starts from the widget's synced state: the latest
     assert [int(x) for x in explorer.figure._widget_data[2]["x"]] == drawn.selected
@@ -160,3 +162,41 @@ def test_explore_on_a_busy_port_is_a_one_line_error(capsys):
         assert main(["explore", "--port", str(busy.getsockname()[1])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is in use; pick another with --port" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--host", "999.1.2.3"], "--host '999.1.2.3' is not an address or a name this machine can resolve"),
+        (["--host", "192.0.2.55"], "cannot listen on 192.0.2.55 port"),  # a documentation address: nobody's
+        (["--participants", "0"], "--participants must be at least 1, got 0"),
+        (["--participants", "-3"], "--participants must be at least 1, got -3"),
+    ],
+)
+def test_explore_bad_host_or_participants_are_one_line_errors(args, message, capsys):
+    assert main(["explore", "--check", "--port", str(app.free_port()), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bcr explore: error: ") and message in err, err
+
+
+def test_explore_for_a_room_says_the_address_participants_type(capsys):
+    port = app.free_port()
+    assert main(["explore", "--check", "--json", "--host", "0.0.0.0", "--port", str(port), "--participants", "4"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["participants"] == 4 and said["url"].endswith(f":{port}/")
+    assert not said["url"].startswith("http://0.0.0.0")  # nobody can type the wildcard
+    assert app.url_of("::1", 8866) == "http://[::1]:8866/" and app.url_of("10.1.2.3", 80) == "http://10.1.2.3:80/"
+    assert app.reachable("0.0.0.0") == "127.0.0.1" and app.reachable("10.1.2.3") == "10.1.2.3"
+    warning = app.WARNING.format(url=app.url_of("10.1.2.3", 80))
+    assert "anyone who can reach http://10.1.2.3:80/ can use the app" in warning and "\n" not in warning
+
+
+def test_participants_preheat_that_many_kernels_with_the_model_loading():
+    from bcr_core.lab.live import PRELOAD
+
+    plain = app.voila_command(app.NOTEBOOK, 8866)
+    assert "--Voila.ip=127.0.0.1" in plain and not [a for a in plain if "preheat" in a or "pool_size" in a]
+    room = app.voila_command(app.NOTEBOOK, 8866, "0.0.0.0", participants=8)
+    assert "--Voila.ip=0.0.0.0" in room
+    assert {"--VoilaConfiguration.preheat_kernel=True", "--VoilaConfiguration.default_pool_size=8"} <= set(room)
+    assert app.voila_environment(preload=True)[PRELOAD] == "1" and app.voila_environment()[PRELOAD] == ""

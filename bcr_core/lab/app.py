@@ -32,6 +32,7 @@ TEMPLATES = Path(__file__).parent / "voila"  # on JUPYTER_PATH: voila/templates/
 # plotly's JupyterLab renderer fails in Voila's older frontend ("setData is not a function"); without
 # it the static copy of the figure shows through its HTML output instead
 DENIED_EXTENSIONS = ["jupyterlab-plotly"]
+REFILL_DELAY_S = 24 * 3600  # a preheated kernel's place in the pool is refilled this long after a page took it
 
 
 class ServerError(UsageError):
@@ -100,7 +101,9 @@ def explicit_parameters(names: tuple[str, ...]):
             os.environ[EXPLICIT] = before
 
 
-HOST = "127.0.0.1"  # where Voila listens, and the URL printed: "localhost" may resolve to [::1] first
+HOST = "127.0.0.1"  # where Voila listens by default, and the URL printed: "localhost" may resolve to [::1] first
+EVERYWHERE = {"0.0.0.0": "127.0.0.1", "::": "::1"}  # wildcard addresses, and where this machine reaches them
+WARNING = "warning: anyone who can reach {url} can use the app; serve it only on a network you trust"
 
 
 def port_free(port: int) -> bool:
@@ -130,56 +133,127 @@ def free_port() -> int:
             return port
 
 
-def check_port(port: int) -> None:
+def check_port(port: int, host: str = HOST) -> None:
     if not 1 <= port <= 65535:
         raise UsageError(f"--port must be in 1-65535, got {port}")
-    if not port_free(port):
+    if host == HOST and not port_free(port):
         raise UsageError(f"port {port} on localhost (127.0.0.1 or [::1]) is in use; pick another with --port")
+    if host != HOST:
+        check_host(host, port)
 
 
-def voila_command(notebook: Path, port: int) -> list[str]:
-    """Voila serving one notebook on localhost: sources hidden, tracebacks shown (a lab, not a product)."""
-    return [
+def check_host(host: str, port: int) -> None:
+    """`host` is an address of this machine (or a wildcard) where `port` is free: a one-line error otherwise."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise UsageError(f"--host {host!r} is not an address or a name this machine can resolve ({err})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family) as s:
+        try:
+            s.bind(address)
+        except OSError as err:
+            why = "in use" if err.errno == errno.EADDRINUSE else "not an address of this machine"
+            raise UsageError(
+                f"cannot listen on {host} port {port}: {why} ({err.strerror}); pick another --host or --port"
+            ) from None
+
+
+def check_participants(participants: int | None) -> None:
+    if participants is not None and participants < 1:
+        raise UsageError(f"--participants must be at least 1, got {participants}")
+
+
+def reachable(host: str) -> str:
+    """The address this machine itself connects to, to reach a server listening on `host`."""
+    return EVERYWHERE.get(host, host)
+
+
+def public_address(host: str) -> str:
+    """The address participants type for a server listening on `host`: for a wildcard, this machine's
+    address on its default route (no packet is sent), else `host` itself."""
+    if host not in EVERYWHERE:
+        return host
+    family, probe = (socket.AF_INET6, "2001:db8::1") if ":" in host else (socket.AF_INET, "192.0.2.1")
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((probe, 9))  # a UDP connect only picks the route
+            return s.getsockname()[0]
+    except OSError:  # no route: this machine alone
+        return EVERYWHERE[host]
+
+
+def url_of(host: str, port: int) -> str:
+    address = public_address(host)
+    return f"http://[{address}]:{port}/" if ":" in address else f"http://{address}:{port}/"
+
+
+def voila_command(notebook: Path, port: int, host: str = HOST, participants: int | None = None) -> list[str]:
+    """Voila serving one notebook on `host`: sources hidden, tracebacks shown (a lab, not a product).
+    With `participants`, Voila's preheated kernel pool: that many kernels run the notebook before
+    anyone asks, and each page takes one whose figure is already drawn (the pool refills behind it)."""
+    command = [
         sys.executable,
         "-m",
         "voila",
         str(notebook),
         "--no-browser",
         f"--port={port}",
-        f"--Voila.ip={HOST}",
+        f"--Voila.ip={host}",
         "--Voila.port_retries=0",
         "--VoilaConfiguration.strip_sources=True",
         "--VoilaConfiguration.show_tracebacks=True",
         "--template=bcr",
         f"--VoilaConfiguration.extension_denylist={DENIED_EXTENSIONS!r}",
     ]
+    if participants:
+        command += [
+            "--VoilaConfiguration.preheat_kernel=True",
+            f"--VoilaConfiguration.default_pool_size={participants}",
+            # a taken kernel is not replaced while the class runs: a refill runs the whole notebook and
+            # loads another model, slowing the pages just handed out and doubling the room's memory; a
+            # page past the pool (or a reload) gets a fresh kernel, as without --participants
+            f"--VoilaKernelManager.fill_delay={REFILL_DELAY_S}",
+        ]
+    return command
 
 
-def voila_environment(explicit: tuple[str, ...] = ()) -> dict:
-    """This environment, with the lab's Voila template on JUPYTER_PATH, telling the notebook it is the app
-    and which parameters the user set (so its smoke settings leave them alone)."""
+def voila_environment(explicit: tuple[str, ...] = (), preload: bool = False) -> dict:
+    """This environment, with the lab's Voila template on JUPYTER_PATH, telling the notebook it is the app,
+    which parameters the user set (so its smoke settings leave them alone) and, with `preload`, to load
+    the model for live decoding as soon as the explorer is drawn (a preheated kernel's)."""
+    from bcr_core.lab.live import PRELOAD
     from bcr_core.lab.params import EXPLICIT
 
     paths = [str(TEMPLATES.parent), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
-    return os.environ | {"JUPYTER_PATH": os.pathsep.join(paths), APP: "1", EXPLICIT: ",".join(explicit)}
+    values = {"JUPYTER_PATH": os.pathsep.join(paths), APP: "1", EXPLICIT: ",".join(explicit), PRELOAD: ""}
+    return os.environ | values | ({PRELOAD: "1"} if preload else {})
 
 
-def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    """Return once something listens on `port`; raise if `process` exits first or time runs out."""
+def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0, host: str = HOST) -> None:
+    """Return once something listens on `host`:`port`; raise if `process` exits first or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerError(
                 f"voila did not start: the server exited with code {process.returncode} before listening on port {port}"
             )
-        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
+        with contextlib.suppress(OSError), socket.create_connection((reachable(host), port), timeout=1):
             return
         time.sleep(0.2)
     raise ServerError(f"voila did not start: nothing listens on port {port} after {timeout:.0f} s")
 
 
-def start(notebook: Path, port: int, log=None, explicit: tuple[str, ...] = ()) -> subprocess.Popen:
-    """Voila serving `notebook` on localhost:`port`, running once it listens (stop it with `stop`)."""
+def start(
+    notebook: Path,
+    port: int,
+    log=None,
+    explicit: tuple[str, ...] = (),
+    host: str = HOST,
+    participants: int | None = None,
+) -> subprocess.Popen:
+    """Voila serving `notebook` on `host`:`port` (with `participants` kernels preheated), running once it
+    listens (stop it with `stop`)."""
     try:
         import voila  # noqa: F401
     except ImportError:
@@ -187,13 +261,13 @@ def start(notebook: Path, port: int, log=None, explicit: tuple[str, ...] = ()) -
             f"voila is not installed in this environment; `{sys.executable} -m pip install voila`"
         ) from None
     process = subprocess.Popen(
-        voila_command(notebook, port),
+        voila_command(notebook, port, host, participants),
         stdout=log,
         stderr=subprocess.STDOUT if log else None,
-        env=voila_environment(explicit),
+        env=voila_environment(explicit, preload=bool(participants)),
     )
     try:
-        wait_listening(port, process)
+        wait_listening(port, process, host=host)
     except BaseException:  # it never listened, or the wait was interrupted: no server is left behind
         stop(process)
         raise

@@ -7,6 +7,7 @@ into an `Exploration`; `attention_figure` draws it and `update_figure` redraws i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from bcr_core.errors import UsageError
 from bcr_core.lab import microscope
 from bcr_core.lab.heatmap import attention_figure, update_figure
 from bcr_core.lab.inspection import CallView, Inspection
+from bcr_core.lab.live import PRELOAD, Decoder, LiveCaches
 from bcr_core.repair.layouts import LayoutConfig, layout
 
 
@@ -85,6 +87,7 @@ def explore(
 
 
 NOT_DECODED = "(not decoded: a saved inspection keeps only the answers decoded when it was made)"
+DECODING = "(decoding …)"
 SUM = -1  # the dropdowns' stand-in for None: BCR's summed score, the mean of heads
 LAYOUTS = ("chunk", "grow", "single")
 
@@ -93,7 +96,9 @@ class Explorer:
     """The explorer's widgets over an `Inspection`: item, agent call, layer, head, layout, rho and
     whether to decode the repaired answer; every change redraws the figure, the answers and the
     per-segment table. `update(**controls)` does from code what the controls do. With `bb=None`
-    (a loaded inspection, no model) the answers shown are those saved with it."""
+    (a loaded inspection) the answers shown are those saved with it, and, given `live` caches (the
+    model is on this machine), with the decode box ticked every other one, decoded in a worker
+    thread (`live.Decoder`): the figure never waits for an answer, and `wait()` does."""
 
     def __init__(
         self,
@@ -108,6 +113,7 @@ class Explorer:
         call: str | None = None,
         layer: int | None = None,
         head: int | None = None,
+        live: LiveCaches | None = None,
     ):
         import ipywidgets as W
 
@@ -134,8 +140,10 @@ class Explorer:
         )
         self.layout_w = W.ToggleButtons(description="layout", options=list(LAYOUTS), value=layout_name)
         self.rho_w = W.FloatSlider(description="ρ", min=0.0, max=1.0, step=0.05, value=rho, continuous_update=False)
-        self.decode_w = W.Checkbox(description="decode the repaired answer", value=True)
-        self.answers_w, self.segments_w = W.HTML(), W.HTML()
+        # ticked from the start only where decoding needs no model load (served here, caches in memory)
+        self.decode_w = W.Checkbox(description="decode the repaired answer", value=bb is not None)
+        self.answers_w, self.segments_w, self.status_w = W.HTML(), W.HTML(), W.HTML()
+        self.decoder = Decoder(bb, live)
         self.controls = {
             "call": self.call_w,
             "layer": self.layer_w,
@@ -157,11 +165,14 @@ class Explorer:
                 W.HBox([self.rho_w, self.decode_w]),
                 self.figure,
                 W.HTML("<b>Answers</b>"),
+                self.status_w,
                 self.answers_w,
                 W.HTML("<b>Per segment</b>"),
                 self.segments_w,
             ]
         )
+        if live is not None and os.environ.get(PRELOAD):  # a preheated kernel: load before anyone ticks
+            self.decoder.submit([], lambda generation: self.say(""), self.say)
 
     def nodes_of(self, index: int) -> list[tuple[str, str]]:
         return [(f"{v.node} ({v.role}, {v.rows} rows)", v.node) for (i, _), v in self.views.items() if i == index]
@@ -175,35 +186,64 @@ class Explorer:
         values = {"item": self.item_w.value} | {name: w.value for name, w in self.controls.items()}
         return values | {k: None if values[k] == SUM else values[k] for k in ("layer", "head")}
 
-    def answers_html(self, view: CallView, exploration: Exploration) -> str:
+    def wanted_answers(self, view: CallView, exploration: Exploration) -> list[tuple[str, list[int] | None]]:
+        """(label, rows) of each answer the table shows: the layout's and each selector's repair at the
+        current setting (rows None: an answer already held with the call)."""
+        wanted = [(f"{self.layout_w.value} at ρ={self.rho_w.value:g}, {exploration.count} rows", exploration.selected)]
+        wanted += [(f"{label}, {len(rows)} rows", rows) for label, rows in exploration.picks.items()]
+        return wanted
+
+    def answers_frame(self, view: CallView, exploration: Exploration) -> tuple[pd.DataFrame, list]:
+        """The answers table, and the (view, rows, max_new_tokens) jobs still to decode for it. Unticked,
+        the repaired rows show only where their answer is already held."""
+        t = self.max_new_tokens
         rows = [
             ("Dense, same prompt", view.dense_text),
-            ("assembled cache, unrepaired", view.answer_with(self.bb, [], self.max_new_tokens)),
+            ("assembled cache, unrepaired", view.answers.get(((), t))),
             (f"as served ({self.served_as}, {len(view.repaired_rows)} rows)", view.output_text),
         ]
-        if self.decode_w.value:
-            rows.append(
-                (
-                    f"{self.layout_w.value} at ρ={self.rho_w.value:g}, {exploration.count} rows",
-                    view.answer_with(self.bb, exploration.selected, self.max_new_tokens),
-                )
-            )
-            for label, picked in exploration.picks.items():  # the microscope's field at the same count
-                rows.append((f"{label}, {len(picked)} rows", view.answer_with(self.bb, picked, self.max_new_tokens)))
+        decode = self.decode_w.value and self.decoder.can_decode(view)
+        jobs = [(view, [], t)] if rows[1][1] is None and decode else []
+        for label, picked in self.wanted_answers(view, exploration):
+            held = view.answers.get((tuple(picked), t))
+            if held is not None or self.decode_w.value:
+                rows.append((label, held))
+                if held is None and decode:
+                    jobs.append((view, picked, t))
         table = pd.DataFrame(rows, columns=["served as", "answer"])
         table["identical to Dense"] = [None if a is None else a == view.dense_text for a in table["answer"]]
-        table["answer"] = table["answer"].fillna(NOT_DECODED)
-        return table.to_html(index=False)
+        error = self.decoder.error
+        waiting = DECODING if jobs else NOT_DECODED if error is None else f"(not decoded: {error})"
+        table["answer"] = table["answer"].fillna(waiting)
+        return table, jobs
+
+    def show_answers(self, view: CallView, exploration: Exploration) -> None:
+        """Fill the answers table; hand what it still needs to the decoder, which fills it again when done."""
+        self.answers, jobs = self.answers_frame(view, exploration)
+        self.answers_w.value = self.answers.to_html(index=False)
+        if not jobs:
+            self.say(f"<i>{self.decoder.error}</i>" if self.decoder.error else "")
+            return
+        self.say(f"decoding {len(jobs)} answers …" if self.decoder.loaded else "preparing to decode …")
+        self.decoder.submit(jobs, lambda generation: self.show_answers(view, exploration), self.say)
+
+    def say(self, line: str) -> None:
+        self.status_w.value = line
+
+    def wait(self, timeout: float | None = None) -> pd.DataFrame:
+        """Wait for the answers being decoded (code and tests; the widgets never wait); the table shown."""
+        self.decoder.wait(timeout)
+        return self.answers
 
     def render(self) -> Exploration:
         view, state = self.view, self.state()
         exploration = explore(view, state["layer"], state["head"], state["layout"], state["rho"], self.chunk)
         update_figure(self.figure, view, exploration)
-        self.answers_w.value = self.answers_html(view, exploration)
         self.segments_w.value = exploration.segments.drop(columns=["text"]).to_html(
             index=False, float_format="{:.3f}".format
         )
         self.shown = exploration
+        self.show_answers(view, exploration)
         return exploration
 
     def update(self, **controls) -> Exploration:

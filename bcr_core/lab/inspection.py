@@ -7,6 +7,7 @@ answer and Dense's on the same prompt). Everything comes from the server's own `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -224,10 +225,13 @@ def inspect_requests(
     dense: bool = True,
     progress: bool = True,
     chunk: int = paper.CHUNK_ROWS,
+    rank: bool = True,
+    each: Callable[[int], None] | None = None,
 ) -> Inspection:
     """Serve `items` in order through a fresh server for `condition` (the anchor pool warms up over
     them, as in a run) and keep a `CallView` of every call served from an assembled cache, with the
-    microscope's field ranked on it (`microscope.rank_field`; `chunk`: the coin's unit)."""
+    microscope's field ranked on it unless `rank` is False (`microscope.rank_field`; `chunk`: the
+    coin's unit). `each(i)` is called once item i has been served."""
     recorder = Recorder(bb, make_server(bb, condition), dense=dense)
     pipeline = Pipeline(bb, benchmark, agents, max_new_tokens, pinned)
     name = parse(condition).label
@@ -237,8 +241,10 @@ def inspect_requests(
         viewed = len(recorder.views)
         requests.append(pipeline.run(recorder, str(item["id"]), benchmarks.question_text(benchmark, item)))
         nodes = [c.node for c in requests[-1].calls]
-        for v in recorder.views[viewed:]:
+        for v in recorder.views[viewed:] if rank else ():
             v.rankings = microscope.rank_field(bb, v, (index, nodes.index(v.node)), chunk)
+        if each is not None:
+            each(index)
     return Inspection(name, requests, recorder.views)
 
 
