@@ -14,10 +14,8 @@ from bcr_core.analysis.stats import (
     discordant,
     line_residuals,
     mcnemar_exact,
-    paired_t,
     paired_table,
     reuse_accuracy_line,
-    wilcoxon,
     wilson_ci,
 )
 from bcr_core.errors import UsageError
@@ -156,80 +154,6 @@ def test_wilson_wider_at_higher_level():
 def test_wilson_rejects_bad_input(k, n, level, match):
     with pytest.raises(ValueError, match=match):
         wilson_ci(k, n, level)
-
-
-# ---------------------------------------------------------------- paired_t
-
-
-def test_paired_t_matches_hand_computation():
-    # Three pairs -> df = 2, where the t CDF has the closed form
-    # F(t) = 1/2 + t / (2 sqrt(2 + t^2)), so two-sided p = 1 - |t| / sqrt(2 + t^2).
-    x = [5.0, 7.0, 4.0]
-    y = [3.0, 4.0, 3.0]
-    d = [a - b for a, b in zip(x, y)]  # 2, 3, 1
-    mean = sum(d) / 3  # 2
-    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / 2)  # 1
-    t = mean / (sd / math.sqrt(3))  # 2 sqrt(3)
-    p = 1 - abs(t) / math.sqrt(2 + t * t)
-    res = paired_t(x, y)
-    assert res["n"] == 3
-    assert res["mean_diff"] == pytest.approx(mean)
-    assert res["t"] == pytest.approx(t, rel=1e-12)
-    assert res["p"] == pytest.approx(p, rel=1e-9)
-
-
-def test_paired_t_sign_follows_x_minus_y():
-    res = paired_t([1.0, 2.0, 2.5], [2.0, 4.0, 3.0])
-    assert res["mean_diff"] < 0 and res["t"] < 0
-
-
-def test_paired_t_all_zero_differences():
-    assert paired_t([1, 2, 3], [1, 2, 3]) == {"mean_diff": 0.0, "t": 0.0, "p": 1.0, "n": 3}
-
-
-def test_paired_t_errors():
-    with pytest.raises(ValueError, match="equal length"):
-        paired_t([1, 2, 3], [1, 2])
-    with pytest.raises(ValueError, match="at least 2"):
-        paired_t([1.0], [2.0])
-    with pytest.raises(ValueError, match="NaN"):
-        paired_t([1.0, float("nan")], [2.0, 3.0])
-
-
-# ---------------------------------------------------------------- wilcoxon
-
-
-def exact_signed_rank_p(diffs):
-    """Two-sided exact signed-rank p by enumerating all sign assignments (no ties)."""
-    ranks = np.argsort(np.argsort(np.abs(diffs))) + 1
-    w_plus = int(sum(r for r, d in zip(ranks, diffs) if d > 0))
-    n = len(diffs)
-    total = n * (n + 1) // 2
-    stat = min(w_plus, total - w_plus)
-    count = sum(
-        1
-        for signs in itertools.product([0, 1], repeat=n)
-        if sum(r for r, s in zip(range(1, n + 1), signs) if s) <= stat
-    )
-    return stat, min(1.0, 2 * count / 2**n)
-
-
-@pytest.mark.parametrize("diffs", [[1, -2, 3, 4, 5], [1, 2, 3, 4], [-0.5, 1.5, -2.5, 3.5, -4.5, 5.5]])
-def test_wilcoxon_matches_enumeration(diffs):
-    stat, p = exact_signed_rank_p(diffs)
-    res = wilcoxon(diffs, [0.0] * len(diffs))
-    assert res["n"] == len(diffs)
-    assert res["statistic"] == pytest.approx(stat)
-    assert res["p"] == pytest.approx(p, rel=1e-12)
-
-
-def test_wilcoxon_all_zero_differences():
-    assert wilcoxon([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == {"statistic": 0.0, "p": 1.0, "n": 3}
-
-
-def test_wilcoxon_length_mismatch():
-    with pytest.raises(ValueError, match="equal length"):
-        wilcoxon([1, 2, 3], [1, 2, 3, 4])
 
 
 # ---------------------------------------------------------------- discordant

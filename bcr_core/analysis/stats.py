@@ -2,8 +2,8 @@
 
 Every comparison in the paper is paired: two conditions run the same items, and the
 discordant split b/c is reported before any p-value, with p from an exact two-sided
-McNemar test. Accuracies carry Wilson 95% intervals; continuous per-item or per-call
-measurements use a paired t-test or a Wilcoxon signed-rank test. Repeated cells (the
+McNemar test. Accuracies carry Wilson 95% intervals; continuous per-item measurements are
+tested in `inference` (sign-flip, bootstrap, equivalence). Repeated cells (the
 same items re-run under several agent counts) are never pooled into one test, so
 `paired_table` refuses records where an (item, condition) pair appears more than once.
 
@@ -25,8 +25,6 @@ from bcr_core.errors import UsageError
 __all__ = [
     "mcnemar_exact",
     "wilson_ci",
-    "paired_t",
-    "wilcoxon",
     "discordant",
     "reuse_accuracy_line",
     "line_residuals",
@@ -45,17 +43,6 @@ def _count(name: str, value: object) -> int:
     if value < 0:
         raise ValueError(f"{name} must be a non-negative integer count, got {value!r}")
     return int(value)
-
-
-def _paired_numeric(x: Iterable[float], y: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Convert two paired samples to 1-D float arrays of equal length without NaNs."""
-    xa = np.asarray(x, dtype=float).ravel()
-    ya = np.asarray(y, dtype=float).ravel()
-    if xa.shape != ya.shape:
-        raise ValueError(f"paired samples must have equal length, got {xa.size} and {ya.size}")
-    if np.isnan(xa).any() or np.isnan(ya).any():
-        raise ValueError("paired samples must not contain NaN")
-    return xa, ya
 
 
 def _paired_bool(a: Iterable[object], b: Iterable[object]) -> tuple[np.ndarray, np.ndarray]:
@@ -104,45 +91,6 @@ def wilson_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
         raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=float(level), method="wilson")
     return float(ci.low), float(ci.high)
-
-
-# ---------------------------------------------------------------- tests on paired values
-
-
-def paired_t(x: Iterable[float], y: Iterable[float]) -> dict:
-    """Paired t-test of x against y (scipy.stats.ttest_rel).
-
-    Returns {"mean_diff": mean(x - y), "t", "p", "n"}, n the number of pairs.
-    If every difference is exactly zero there is nothing to test: t = 0.0, p = 1.0.
-    Non-zero but constant differences have zero variance; t and p are then scipy's
-    degenerate values (inf and 0.0).
-    """
-    xa, ya = _paired_numeric(x, y)
-    n = int(xa.size)
-    if n < 2:
-        raise ValueError(f"a paired t-test needs at least 2 pairs, got {n}")
-    diff = xa - ya
-    if not diff.any():
-        return {"mean_diff": 0.0, "t": 0.0, "p": 1.0, "n": n}
-    res = stats.ttest_rel(xa, ya)
-    return {"mean_diff": float(diff.mean()), "t": float(res.statistic), "p": float(res.pvalue), "n": n}
-
-
-def wilcoxon(x: Iterable[float], y: Iterable[float]) -> dict:
-    """Wilcoxon signed-rank test of x against y (scipy.stats.wilcoxon, two-sided).
-
-    Returns {"statistic", "p", "n"}, n the number of pairs (zero differences are
-    dropped by scipy's default zero_method). All-zero differences give statistic 0.0
-    and p = 1.0 instead of scipy's warning.
-    """
-    xa, ya = _paired_numeric(x, y)
-    n = int(xa.size)
-    if n == 0:
-        raise ValueError("a Wilcoxon test needs at least 1 pair, got 0")
-    if not (xa - ya).any():
-        return {"statistic": 0.0, "p": 1.0, "n": n}
-    res = stats.wilcoxon(xa, ya)
-    return {"statistic": float(res.statistic), "p": float(res.pvalue), "n": n}
 
 
 def discordant(a: Iterable[object], b: Iterable[object]) -> tuple[int, int]:
