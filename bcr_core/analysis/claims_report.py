@@ -6,7 +6,7 @@ agreement with Dense, and again on accuracy), writes `verdicts.csv`, `verdicts_c
 docs/results.md shows. Given two folders (one per model, on the same items), each is its own Holm
 family, and the transfer table reads each claim's transfer from one paired test of the two models'
 per-item values (`bcr_core.analysis.transfer`). `SMOLLM2` and `GEMMA` are the folders
-docs/results.md reads; `GEMMA` is the one line to change when the Gemma reruns behind `<bos>` land.
+docs/results.md reads.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from bcr_core.paths import RESULTS
 
 POINTS = {"agrees_dense", "correct", "gap share"}
 SMOLLM2 = RESULTS / "claims"
-# Gemma's rows: the committed grid made before base caches sat behind <bos>. When the reruns
-# (results/claims-gemma-3-270m-bos/: cells a, b1, b2, c beside the gate) land, point this at them.
-GEMMA = RESULTS / "claims-gemma-3-270m"
+# Gemma's rows: the grid with base caches behind <bos>; the one made before that fix stays, labelled
+GEMMA = RESULTS / "claims-gemma-3-270m-bos"
 FOLDER_NOTES = {"claims-gemma-3-270m": "made before the <bos> fix"}
 
 
