@@ -308,6 +308,33 @@ def test_verdicts_are_one_holm_family_and_ours_is_read_on_the_second_half():
     assert table[table["claim"] == "draft beats coin"].iloc[0]["verdict"] == "holds"
 
 
+@pytest.mark.parametrize(
+    ("ids", "read"),
+    [
+        (lambda i: f"synth-s2-r8-{i:04d}", "every"),  # a fresh item seed: its confirmation, on every item
+        (lambda i: f"synth-s0-r8-{i:04d}", "half"),  # the seed `ours` was designed on: the second half
+        (lambda i: f"synth-s2-r8-{i:04d}" if i else f"synth-s0-r8-{i:04d}", "half"),  # one design item: not fresh
+        (lambda i: f"gsm8k-{i}", "half"),  # no item seed to tell: the pre-registered rule
+    ],
+)
+def test_ours_is_read_on_every_item_of_a_fresh_item_seed_and_on_the_second_half_otherwise(ids, read):
+    n = 10
+    kl = {"draft": [0.5] * n, "coin:seed=0": [1.0] * n, "ours": [0.1 * (i + 1) for i in range(n)]}
+    calls = fake_calls(kl)
+    for i, call in enumerate(calls):
+        call["item_id"] = ids(i)
+    frame = measures.arena_frame(calls)
+    table = measures.verdicts(frame).set_index("claim")
+    read_items = range(n) if read == "every" else range(n // 2, n)
+    expected_ours = sum(0.1 * (i + 1) for i in read_items) / len(read_items)
+    assert table.loc["ours beats draft", "n"] == len(read_items)
+    assert table.loc["ours beats draft", "effect"] == pytest.approx(0.5 - expected_ours)
+    assert table.loc["ours beats draft", "read_on"] == (measures.FRESH if read == "every" else measures.HELD_OUT)
+    assert table.loc["draft beats coin", "n"] == n  # the others on every item, whatever the seed
+    ours = measures.selector_table(frame).set_index("selector").loc["ours"]
+    assert ours["items"] == len(read_items) and ours["kl_per_item"] == pytest.approx(expected_ours)
+
+
 # -- bad input ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "args, message",

@@ -17,7 +17,9 @@
   sign-flip test over items with a bootstrap interval (`protocol.mean_claim`), the whole table one
   Holm family (`protocol.decide`). `ours` is pre-registered: its rows are read on the second half of
   the run's items (item index >= n / 2, n the run's items) only, whatever they say; the others on
-  every item. `searched` is in no verdict: it is at most every selector's KL by construction.
+  every item. A run whose items are all of a synthetic item seed other than the one `ours` was
+  designed on (seed 0) is its confirmation: there `ours` is read on every item (`fresh_items`).
+  `searched` is in no verdict: it is at most every selector's KL by construction.
 
 Stored labels are read under today's names (`registry.current_label`: records written before the
 rename call the K/V-error rankings `oracle` and `oracle-attn`); nothing else in them changes.
@@ -36,6 +38,8 @@ from bcr_core.errors import UsageError
 
 COIN, DRAFT, KV_ERROR, OURS, SEARCHED = "coin", "draft", "kv-error", "ours", "searched"
 HELD_OUT = "second half of the items (pre-registered)"
+FRESH = "items of an item seed `ours` was not designed on, every one (confirmation)"
+DESIGN_SEED = 0  # `ours` was designed on the synthetic task's seed-0 items (the first half of SmolLM2's arena)
 
 
 def arena_frame(calls: list[dict]) -> pd.DataFrame:
@@ -77,9 +81,25 @@ def per_item(frame: pd.DataFrame, budget: str = PAIRED, measure: str = "kl") -> 
     return table.reindex([i for i in order if i in table.index])
 
 
+def fresh_items(frame: pd.DataFrame) -> bool:
+    """Whether every item of the run is of a synthetic item seed other than `DESIGN_SEED`."""
+    seeds = frame["item_id"].astype(str).str.extract(r"^synth-s(\d+)-")[0]
+    return bool(seeds.notna().all() and (seeds.astype(int) != DESIGN_SEED).all())
+
+
+def ours_read_on(frame: pd.DataFrame) -> str:
+    """The items `ours` is read on, in words: every item of a fresh seed, else the second half."""
+    return FRESH if fresh_items(frame) else HELD_OUT
+
+
+def in_held_out(frame: pd.DataFrame) -> pd.Series:
+    """Per row of `frame`: whether its item is one `ours` is read on."""
+    return pd.Series(True, index=frame.index) if fresh_items(frame) else frame["index"] >= frame["items"] / 2
+
+
 def registered(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame as pre-registered: `ours` only on the run's second half of items (index >= n / 2)."""
-    return frame[(frame["selector"] != OURS) | (frame["index"] >= frame["items"] / 2)]
+    """The frame as pre-registered: `ours` only on the items it is read on (`in_held_out`)."""
+    return frame[(frame["selector"] != OURS) | in_held_out(frame)]
 
 
 def selector_table(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
@@ -169,7 +189,7 @@ def frontier(frame: pd.DataFrame) -> pd.DataFrame:
         rows = own.assign(selector=own["selector"].map(lambda s: COIN if is_coin(s) else s))
         rows = rows.groupby("selector")["rows"].mean()
         for selector in kl.columns:
-            items = held_out(kl, frame) if selector == OURS else kl  # pre-registered: the second half only
+            items = held_out(kl, frame) if selector == OURS else kl  # pre-registered: held-out items only
             out.append(
                 {
                     "selector": selector,
@@ -182,9 +202,10 @@ def frontier(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def held_out(kl: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
-    """The items of the run's second half (index >= n / 2, n the run's items)."""
-    items = frame.drop_duplicates("item_id").set_index("item_id")
-    return kl[(items["index"] >= items["items"] / 2).reindex(kl.index).to_numpy()]
+    """The rows of `kl` (items x selectors) of the items `ours` is read on: the run's second half
+    (index >= n / 2, n the run's items), or every item of a fresh item seed."""
+    items = frame.drop_duplicates("item_id")
+    return kl[in_held_out(items).set_axis(items["item_id"]).reindex(kl.index).to_numpy()]
 
 
 PAPER = "§3, App. B and D"  # where the paper says which rows to recompute and how it measures them
@@ -207,7 +228,7 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
                 continue
             row = mean_claim(claim, PAPER, "kl_mean", test, gain)
             row.evidence = f"mean per-item KL {items[selector].mean():.5f} vs {items[against].mean():.5f}"
-            row.read_on = HELD_OUT if selector == OURS else ""
+            row.read_on = ours_read_on(frame) if selector == OURS else ""
             rows.append(row)
     for row, p in zip(rows, inf.holm([r.p for r in rows])):
         row.p_holm = p

@@ -24,17 +24,18 @@ from bcr_core.record_files import read_calls
 def selector_markdown(frame: pd.DataFrame) -> str:
     table = measures.selector_table(frame)
     held = table.set_index("selector")["items"].get(measures.OURS, 0)
-    shares = measures.gap_share(frame)[1].set_index("selector")
-    reference = measures.ceiling_of(table["selector"])
-    share_head = (
-        "share of the searched ceiling's gain [95% CI]"
-        if measures.is_searched(reference)
-        else f"gain as a share of `{reference}`'s [95% CI]"
-    )
+    reference = ceiling_in(table["selector"])
+    shares = measures.gap_share(frame)[1].set_index("selector") if reference else pd.DataFrame()
+    if reference is None:  # a field without a ceiling (a confirmation run): no share to read
+        share_head = "share of a ceiling's gain (no ceiling in this run)"
+    elif measures.is_searched(reference):
+        share_head = "share of the searched ceiling's gain [95% CI]"
+    else:
+        share_head = f"gain as a share of `{reference}`'s [95% CI]"
     lines = [
         f"On {table['items'].max()} items, {frame.drop_duplicates(['item_id', 'node']).shape[0]} assembled calls, "
         "every selector at BCR-chunk's own row count on each call "
-        f"(`{measures.OURS}` on the {held} items of the second half only, as pre-registered):",
+        f"(`{measures.OURS}` on the {held} items {held_phrase(frame)}):",
         "",
         f"| selector | KL to Dense per item [95% CI] | {share_head} | first-token agree % | "
         "identical continuation % | rows / call | wasted rows / call | passes | ms / call |",
@@ -52,13 +53,30 @@ def selector_markdown(frame: pd.DataFrame) -> str:
             f"{100 * r.first_token_agree:.1f} | {100 * r.identical:.1f} | {r.rows_per_call:.1f} | "
             f"{r.rows_wasted_per_call:.1f} | {r.passes:.1f} | {r.ms_per_call:.0f} |"
         )
-    if held:
+    if held and same_items_line(frame):
         lines += ["", same_items_line(frame)]
     return "\n".join(lines)
 
 
+def ceiling_in(selectors) -> str | None:
+    """The gap share's reference among `selectors` (`measures.ceiling_of`), or None where there is none."""
+    try:
+        return measures.ceiling_of(selectors)
+    except UsageError:
+        return None
+
+
+def held_phrase(frame: pd.DataFrame) -> str:
+    """Which items `ours` is read on, as the tables say it."""
+    if measures.fresh_items(frame):
+        return "of an item seed it was not designed on (its confirmation)"
+    return "of the second half only, as pre-registered"
+
+
 def same_items_line(frame: pd.DataFrame) -> str:
-    """`ours` beside the field on the items it is read on (the second half), per-item KL."""
+    """`ours` beside the field on the items it is read on, per-item KL (only where those are not all)."""
+    if measures.fresh_items(frame):
+        return ""
     kl = measures.held_out(measures.per_item(frame), frame).mean().sort_values()
     shown = ", ".join(f"`{name}` {value:.4f}" for name, value in kl.items())
     return f"On the second half's items alone, KL to Dense per item: {shown}."
@@ -93,7 +111,13 @@ def frontier_markdown(frame: pd.DataFrame) -> str:
         "| --- |" + " --- |" * len(kl.columns),
     ]
     lines += [f"| `{name}` | " + " | ".join(cell(v) for v in r) + " |" for name, r in kl.iterrows()]
-    return "\n".join(lines + ["", f"`{measures.OURS}` on the second half of the items only, as pre-registered."])
+    fresh = measures.fresh_items(frame)
+    read = (
+        "every item (an item seed it was not designed on)"
+        if fresh
+        else "the second half of the items only, as pre-registered"
+    )
+    return "\n".join(lines + ["", f"`{measures.OURS}` on {read}."])
 
 
 def cell(value: float) -> str:
