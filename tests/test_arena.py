@@ -383,11 +383,13 @@ def test_notebook_11_runs_headless_in_smoke_mode(tmp_path):
     assert "Plotly.newPlot" in (out / "11_arena.html").read_text()
 
 
-@pytest.mark.parametrize("folder", ["arena", "arena-gemma-3-270m"])
+@pytest.mark.parametrize(
+    "folder", ["arena", "arena-gemma-3-270m", "ours-confirmation/smollm2-135m", "ours-confirmation/gemma-3-270m"]
+)
 def test_the_committed_arena_gives_the_documented_table(folder):
-    """results/arena (SmolLM2-135M) and results/arena-gemma-3-270m hold the arena's compact records;
-    every line docs/results.md shows of each is what `bcr_core.arena.report` computes from them, and every
-    selector spent the paired rows."""
+    """results/arena (SmolLM2-135M), results/arena-gemma-3-270m and the confirmation of `ours` on fresh
+    items hold the arena's compact records; every line docs/results.md shows of each is what
+    `bcr_core.arena.report` computes from them, and every selector spent the paired rows."""
     from bcr_core.arena import report
     from bcr_core.paths import RESULTS
 
@@ -397,6 +399,10 @@ def test_the_committed_arena_gives_the_documented_table(folder):
     shown_in = (RESULTS.parent / "docs" / "results.md").read_text()
     for line in report.markdown(RESULTS / folder).splitlines():
         assert line in shown_in, line
+    if folder.startswith("ours-confirmation"):  # items of seed 2 only: `ours` is read on every one of them
+        assert frame["item_id"].str.startswith("synth-s2-").all() and measures.fresh_items(frame)
+        verdict = measures.verdicts(frame).set_index("claim").loc["ours beats coin"]
+        assert verdict["n"] == frame["item_id"].nunique() and verdict["read_on"] == measures.FRESH
 
 
 def test_the_documented_arena_transfer_table_compares_like_with_like():
