@@ -98,5 +98,8 @@ def test_a_saved_inspection_keeps_the_field_and_each_selectors_continuation(serv
     for label, rows in shown.picks.items():  # decoded at the saved setting: shown without a model
         assert f"{label}, {len(rows)} rows" in explorer.answers_w.value
         assert explorer.view.answer_with(None, rows, 4) is not None
-    explorer.update(rho=0.7)
-    assert "not decoded" in explorer.answers_w.value  # another count was never decoded: said, not raised
+    moved = explorer.update(rho=0.7)
+    labels = [f"{label}, {len(rows)} rows" for label, rows in moved.picks.items() if rows]
+    assert labels and not any(a in explorer.answers_w.value for a in labels)  # unticked: only answers held
+    explorer.update(decode=True)  # ticked, with no model to decode: said, not raised
+    assert all(a in explorer.answers_w.value for a in labels) and lab.explorer.NOT_DECODED in explorer.answers_w.value
