@@ -107,8 +107,8 @@ class LiveCaches:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def rebuild(self, say: Callable[[str], None]) -> None:
-        from bcr_core.lab.inspection import inspect_requests
         from bcr_core.lab.comparisons import Comparison
+        from bcr_core.lab.inspection import inspect_requests
 
         s, requests = self.settings, self.inspection.requests
         items = Comparison(s["benchmark"], s["agents"], s["n"], s["max_new_tokens"], item_seed=s["item_seed"]).items()
