@@ -15,6 +15,7 @@ can); the tests skip without it, except where BCR_REQUIRE_BROWSER is set (CI), w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -250,8 +251,10 @@ def report_line(name: str, report: dict, capsys) -> None:
         print(f"\n[{name}] " + "; ".join(f"{k}: {v}" for k, v in report.items()), flush=True)
 
 
-def test_voila_app_highlights_the_selection(explorer_setup, tmp_path, capsys):
-    prepared, inspection = explorer_setup
+@contextlib.contextmanager
+def voila_page(prepared, tmp_path):
+    """A Chromium page beside a fresh Voila server of the prepared notebook: yields (page, its console
+    errors, Chromium's version, the app's URL); afterwards, the server's log holds no traceback."""
     port = app.free_port()
     with open(tmp_path / "voila.log", "w") as log:
         server = app.start(prepared.notebook, port, log)
@@ -259,18 +262,23 @@ def test_voila_app_highlights_the_selection(explorer_setup, tmp_path, capsys):
             with playwright_api.sync_playwright() as p:
                 browser, version = launch(p)
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                errors = console_errors(page)
-                report = {"chromium": version, "playwright": _playwright_version()}
-                started = time.perf_counter()
-                page.goto(f"http://127.0.0.1:{port}/", timeout=TIMEOUT_MS)
-                report["navigation s"] = time.perf_counter() - started
-                drive(page, inspection, prepared.parameters, report)
+                yield page, console_errors(page), version, f"http://127.0.0.1:{port}/"
                 browser.close()
         finally:
             app.stop(server)
+    assert server_errors((tmp_path / "voila.log").read_text()) == []
+
+
+def test_voila_app_highlights_the_selection(explorer_setup, tmp_path, capsys):
+    prepared, inspection = explorer_setup
+    with voila_page(prepared, tmp_path) as (page, errors, version, url):
+        report = {"chromium": version, "playwright": _playwright_version()}
+        started = time.perf_counter()
+        page.goto(url, timeout=TIMEOUT_MS)
+        report["navigation s"] = time.perf_counter() - started
+        drive(page, inspection, prepared.parameters, report)
     report_line("voila", report, capsys)
     assert errors == [], errors
-    assert server_errors((tmp_path / "voila.log").read_text()) == []
 
 
 ANSWER_AT = """(label) => {
@@ -306,27 +314,16 @@ def decoded_live(page, rho: str) -> str:
 
 def test_voila_app_decodes_the_repaired_answer_live(explorer_setup, tmp_path, capsys):
     prepared, _ = explorer_setup
-    port = app.free_port()
-    with open(tmp_path / "voila.log", "w") as log:
-        server = app.start(prepared.notebook, port, log)
-        try:
-            with playwright_api.sync_playwright() as p:
-                browser, _ = launch(p)
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                errors = console_errors(page)
-                page.goto(f"http://127.0.0.1:{port}/", timeout=TIMEOUT_MS)
-                page.wait_for_function(f"() => ({room.TITLE})() !== null", timeout=TIMEOUT_MS)
-                change(page, "layout", "single")
-                started = time.perf_counter()
-                answer = decoded_live(page, "0.45")
-                seconds = time.perf_counter() - started
-                browser.close()
-        finally:
-            app.stop(server)
+    with voila_page(prepared, tmp_path) as (page, errors, _, url):
+        page.goto(url, timeout=TIMEOUT_MS)
+        page.wait_for_function(f"() => ({room.TITLE})() !== null", timeout=TIMEOUT_MS)
+        change(page, "layout", "single")
+        started = time.perf_counter()
+        answer = decoded_live(page, "0.45")
+        seconds = time.perf_counter() - started
     report_line("voila live decode", {"tick to decoded answer s": round(seconds, 1), "answer": answer[:40]}, capsys)
     assert answer.strip()
     assert errors == [], errors
-    assert server_errors((tmp_path / "voila.log").read_text()) == []
 
 
 ROOM = 4  # pages at once: what this 2-core machine takes beside its other work (about 0.5 GB a kernel)
