@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,14 +30,7 @@ from bcr_core.lab import app, room, saved_inspection
 pytest.importorskip("voila")
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = next(
-    (
-        p
-        for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
-        if p and Path(p).exists()
-    ),
-    None,
-)
+CHROMIUM = room.chromium()
 if CHROMIUM is None:
     if os.environ.get("BCR_REQUIRE_BROWSER"):
         pytest.fail("BCR_REQUIRE_BROWSER is set but no chromium is installed (make setup installs it as root)")
