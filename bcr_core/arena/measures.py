@@ -136,16 +136,20 @@ def selector_table(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     return table.sort_values("kl_per_item", kind="stable").reset_index(drop=True)
 
 
-def ceiling_of(columns) -> str:
+def find_ceiling(columns) -> str | None:
     """The gap share's reference: `searched` (whatever its options) where the records hold it, else
-    `kv-error`."""
+    `kv-error`, else None (a field without either, such as a confirmation run's)."""
     columns = list(columns)
     found = [c for c in columns if is_searched(c)]
-    if found:
-        return found[0]
-    if KV_ERROR in columns:
-        return KV_ERROR
-    raise UsageError("the gap share needs `searched` (or, in older records, `kv-error`) among the selectors")
+    return found[0] if found else KV_ERROR if KV_ERROR in columns else None
+
+
+def ceiling_of(columns) -> str:
+    """`find_ceiling`, required."""
+    ceiling = find_ceiling(columns)
+    if ceiling is None:
+        raise UsageError("the gap share needs `searched` (or, in older records, `kv-error`) among the selectors")
+    return ceiling
 
 
 def gap_share(frame: pd.DataFrame, budget: str = PAIRED) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -24,7 +24,7 @@ from bcr_core.record_files import read_calls
 def selector_markdown(frame: pd.DataFrame) -> str:
     table = measures.selector_table(frame)
     held = table.set_index("selector")["items"].get(measures.OURS, 0)
-    reference = ceiling_in(table["selector"])
+    reference = measures.find_ceiling(table["selector"])
     shares = measures.gap_share(frame)[1].set_index("selector") if reference else pd.DataFrame()
     if reference is None:  # a field without a ceiling (a confirmation run): no share to read
         share_head = "share of a ceiling's gain (no ceiling in this run)"
@@ -53,17 +53,10 @@ def selector_markdown(frame: pd.DataFrame) -> str:
             f"{100 * r.first_token_agree:.1f} | {100 * r.identical:.1f} | {r.rows_per_call:.1f} | "
             f"{r.rows_wasted_per_call:.1f} | {r.passes:.1f} | {r.ms_per_call:.0f} |"
         )
-    if held and same_items_line(frame):
-        lines += ["", same_items_line(frame)]
+    alone = same_items_line(frame) if held else ""
+    if alone:
+        lines += ["", alone]
     return "\n".join(lines)
-
-
-def ceiling_in(selectors) -> str | None:
-    """The gap share's reference among `selectors` (`measures.ceiling_of`), or None where there is none."""
-    try:
-        return measures.ceiling_of(selectors)
-    except UsageError:
-        return None
 
 
 def held_phrase(frame: pd.DataFrame) -> str:
