@@ -32,6 +32,7 @@ from bcr_core.engine.assets import GEMMA3_270M_GGUF, SMOLLM2_GGUF, cache_dir, fe
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
 GEMMA_ALIASES = {"gemma-3-270m", "gemma3-270m"}
+EMBEDDED_FOLDER, GEMMA_FOLDER = "SmolLM2-135M-Instruct", "gemma-3-270m"  # their conversions in cache/models
 
 
 def default_dtype(device: str) -> torch.dtype:
@@ -79,12 +80,12 @@ def embedded_mismatches(folder: Path) -> list[str]:
 def embedded_model_dir() -> Path:
     """The embedded model as a safetensors directory, converted from gguf on first use and checked
     against its pinned checksums at every load; a corrupted conversion is redone once."""
-    return converted_dir("the embedded model", "SmolLM2-135M-Instruct", EMBEDDED_FILES, convert_embedded)
+    return converted_dir("the embedded model", EMBEDDED_FOLDER, EMBEDDED_FILES, convert_embedded)
 
 
 def gemma_model_dir() -> Path:
     """Gemma 3 270M as a safetensors directory, converted and checked as `embedded_model_dir` does."""
-    return converted_dir("Gemma 3 270M", "gemma-3-270m", GEMMA_FILES, convert_gemma)
+    return converted_dir("Gemma 3 270M", GEMMA_FOLDER, GEMMA_FILES, convert_gemma)
 
 
 def converted_dir(label: str, name: str, files: dict[str, str], convert) -> Path:

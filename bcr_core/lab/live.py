@@ -31,11 +31,11 @@ def on_this_machine(model: str) -> bool:
     """Whether `model` can be loaded without a network: a fetched model's converted folder, a local
     folder, or a hub id in the local Hugging Face cache."""
     from bcr_core.engine.assets import cache_dir
-    from bcr_core.engine.models import DEFAULT_ALIASES, GEMMA_ALIASES
+    from bcr_core.engine.models import DEFAULT_ALIASES, EMBEDDED_FOLDER, GEMMA_ALIASES, GEMMA_FOLDER
 
     name = model.strip().lower()
     if name in DEFAULT_ALIASES | GEMMA_ALIASES:
-        folder = "SmolLM2-135M-Instruct" if name in DEFAULT_ALIASES else "gemma-3-270m"
+        folder = EMBEDDED_FOLDER if name in DEFAULT_ALIASES else GEMMA_FOLDER
         return (cache_dir() / "models" / folder / "model.safetensors").is_file()
     path = Path(os.path.expanduser(model))
     if path.is_dir():
