@@ -65,15 +65,16 @@ def cmd_run(args) -> int:
     from bcr_core.analysis.summary import condition_table
     from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
-    from bcr_core.runs.cell import make_cell
+    from bcr_core.runs.cell import RunSettings
     from bcr_core.runs.run_settings import RUN
     from bcr_core.runs.runner import run_cell
 
-    settings = {key: getattr(args, key) for key in RUN if key != "batch"}  # batch: how the cell runs
+    settings = {key: getattr(args, key) for key in RUN}
     settings["conditions"] = split_conditions(args.conditions)
     settings["seeds"] = split_list(args.seeds, int, "--seeds") if args.seeds is not None else None
-    cell = make_cell(**settings)
-    items = run_cell(load_backbone(args.model), cell, args.out, progress=True, batch=args.batch)
+    run = RunSettings(**settings)
+    cell = run.cell()  # every setting and condition checked before the model loads
+    items = run_cell(load_backbone(cell.model), cell, args.out, progress=True, batch=run.batch)
     table = condition_table(items, args.reference)
     (args.out / "summary.csv").write_text(table.to_csv(index=False))
     return print_table(table, args, digits=3)

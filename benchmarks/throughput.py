@@ -34,6 +34,7 @@ import math
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -167,9 +168,7 @@ def main() -> None:
     args = parser.parse_args()
 
     folder = Path(args.cell)
-    settings = json.loads((folder / "cell.json").read_text())
-    settings["conditions"], settings["n"] = tuple(settings["conditions"]), args.n
-    cell = Cell(**settings)
+    cell = replace(Cell.from_record(json.loads((folder / "cell.json").read_text())), n=args.n)
     wanted = call_outputs(read_calls(folder / "calls.jsonl")) if list(folder.glob("calls.jsonl*")) else {}
     keep_freed_memory()
     bb = Backbone.load(cell.model)
@@ -190,9 +189,9 @@ def main() -> None:
     for row in rows:
         row["speedup"] = row["items_per_hour"] / first
     if args.json:
-        print(json.dumps({"cell": settings | {"source": str(folder)}, "rows": rows}, indent=2, default=str))
+        print(json.dumps({"cell": cell.record() | {"source": str(folder)}, "rows": rows}, indent=2, default=str))
         return
-    print(f"{folder}: {cell.benchmark} x{cell.n_agents} agents, {cell.n} items, {len(cell.conditions)} conditions")
+    print(f"{folder}: {cell.benchmark} x{cell.agents} agents, {cell.n} items, {len(cell.conditions)} conditions")
     table = pd.DataFrame(
         [
             {

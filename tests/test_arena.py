@@ -23,7 +23,7 @@ from bcr_core.engine.kv import KV
 from bcr_core.errors import UsageError
 from bcr_core.record_files import read_calls, read_jsonl
 from bcr_core.repair.selectors import CacheBlendSelector
-from bcr_core.runs.cell import make_cell
+from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import run_cell
 from tests.conftest import random_ids, record_differences
 
@@ -205,7 +205,7 @@ def arena_run(tiny_chat, tmp_path_factory):
 
 
 def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat, arena_run, tmp_path):
-    plain = make_cell(
+    plain = Cell(
         benchmark="synthetic",
         agents=2,
         conditions=[ARENA.conditions[0]],

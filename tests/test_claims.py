@@ -2,6 +2,7 @@
 
 import gzip
 import json
+from dataclasses import replace
 from math import comb
 
 import numpy as np
@@ -280,12 +281,12 @@ def test_a_grid_with_only_row_matched_controls_reads_its_claims_on_them():
 
 def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_chat, tmp_path):
     cell = Cell(
-        "synthetic",
-        2,
-        ("dense", "kvcomm:gamma=1", "bcr-single:gamma=1,skip=off"),
-        6,
+        benchmark="synthetic",
+        agents=2,
+        conditions=("dense", "kvcomm:gamma=1", "bcr-single:gamma=1,skip=off"),
+        n=6,
         max_new_tokens=3,
-        extra={"seed": 7},
+        item_seed=7,
     )
     run_cell(tiny_chat, cell, tmp_path / "run", progress=False)
     assert record_files.export(tmp_path / "run", tmp_path / "results" / "cell") == 18
@@ -346,9 +347,7 @@ def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
 
     committed = json.loads((RESULTS / "claims" / "a" / "cell.json").read_text())
     conditions = ("bcr-chunk:chunk=16", "coin-chunk:chunk=16,seed=0")
-    cell = Cell(
-        "synthetic", committed["n_agents"], conditions, 5, committed["max_new_tokens"], extra=committed["extra"]
-    )
+    cell = replace(Cell.from_record(committed), conditions=conditions, n=5, fidelity=False)
     run_cell(real, cell, tmp_path, progress=False)
     fresh = [record_files.committed(c) for c in record_files.read_records(tmp_path / "calls.jsonl")]
     with gzip.open(RESULTS / "claims" / "a" / "calls.jsonl.gz", "rt") as f:

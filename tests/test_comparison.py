@@ -17,7 +17,7 @@ SAVED = {  # a cell.json as `bcr run` writes it, before `prompt` and `stop` exis
     "extra": {"seed": 0},
     "fidelity": True,
 }
-COMPARISON = Comparison("synthetic", 3, 100, 8)
+COMPARISON = Comparison(benchmark="synthetic", agents=3, n=100, max_new_tokens=8)
 
 
 def test_a_run_with_the_same_settings_and_more_items_serves_the_comparison():
@@ -46,5 +46,7 @@ def test_a_run_that_differs_in_what_its_records_hold_does_not(changed):
 
 
 def test_a_comparison_at_a_later_setting_needs_it_recorded():
-    assert not Comparison("synthetic", 3, 100, 8, prompt="one-shot").matches(SAVED)
-    assert Comparison("synthetic", 3, 100, 8, prompt="one-shot").matches(SAVED | {"prompt": "one-shot"})
+    assert not Comparison(benchmark="synthetic", agents=3, n=100, max_new_tokens=8, prompt="one-shot").matches(SAVED)
+    assert Comparison(benchmark="synthetic", agents=3, n=100, max_new_tokens=8, prompt="one-shot").matches(
+        SAVED | {"prompt": "one-shot"}
+    )

@@ -94,12 +94,12 @@ def test_every_layout_and_both_cacheblend_pairings_skip_by_algorithm_1(tiny_chat
 
 def test_skip_is_counted_in_the_summary(tiny_chat, tmp_path):
     cell = Cell(
-        "synthetic",
-        2,
-        ("dense", "kvcomm:gamma=1", "bcr-single:gamma=1", "bcr-single:gamma=1,skip=off"),
-        4,
+        benchmark="synthetic",
+        agents=2,
+        conditions=("dense", "kvcomm:gamma=1", "bcr-single:gamma=1", "bcr-single:gamma=1,skip=off"),
+        n=4,
         max_new_tokens=3,
-        extra={"seed": 7},
+        item_seed=7,
     )
     table = condition_table(run_cell(tiny_chat, cell, tmp_path, progress=False)).set_index("condition")
     reused = table.loc["kvcomm:gamma=1", "reuse_rate"] * 4 * 3  # calls KVComm served from cache
@@ -149,7 +149,7 @@ def test_unknown_and_repeated_condition_options_are_refused():
     with pytest.raises(UsageError, match=r"option rank: expected str \(one of 'all', 'predicted'\), got 'everything'"):
         parse("coin-chunk:rank=everything")
     with pytest.raises(UsageError, match="repeat one run"):
-        Cell("synthetic", 2, ("bcr-chunk", "bcr-chunk@0.2"), 3)
+        Cell(benchmark="synthetic", agents=2, conditions=("bcr-chunk", "bcr-chunk@0.2"), n=3)
     assert parse("bcr-chunk:chunk=16,rank=predicted").option("rank") == "predicted"
 
 
@@ -168,12 +168,14 @@ def test_mmlu_items_keep_both_rules_and_correct_is_lenient(tiny_chat):
     )
     request = RequestRecord("q1", "mmlu", "dense", [call])
     item = {"id": "q1", "question": "?", "choices": ["a", "b", "c", "d"], "answer": "A"}
-    record = item_record(Cell("mmlu", 2, ("dense",), 1), "dense", 0, item, request)
+    record = item_record(Cell(benchmark="mmlu", agents=2, conditions=("dense",), n=1), "dense", 0, item, request)
     assert (record["correct"], record["correct_lenient"], record["correct_strict"]) == (True, True, False)
 
 
 def test_bcr_run_and_the_notebooks_split_one_way(tiny_chat, tmp_path):
-    cell = Cell("synthetic", 2, ("dense", "kvcomm:gamma=1"), 8, max_new_tokens=3, extra={"seed": 5})
+    cell = Cell(
+        benchmark="synthetic", agents=2, conditions=("dense", "kvcomm:gamma=1"), n=8, max_new_tokens=3, item_seed=5
+    )
     items = run_cell(tiny_chat, cell, tmp_path, progress=False)
     items.loc[items["condition"] == "dense", "correct"] = [True, True, True, False, True, False, False, False]
     items.loc[items["condition"] == "kvcomm:gamma=1", "correct"] = [True, False, False, False, True, True, False, False]

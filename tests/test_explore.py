@@ -23,7 +23,7 @@ SETTINGS = dict(
 
 @pytest.fixture(scope="module")
 def served(tiny_chat):
-    items = lab.Comparison("synthetic", 2, 4, 4, item_seed=34).items()
+    items = lab.Comparison(benchmark="synthetic", agents=2, n=4, max_new_tokens=4, item_seed=34).items()
     return lab.inspect_requests(tiny_chat, "synthetic", items, 2, "bcr-single@0.2:gamma=1,skip=off", 4, progress=False)
 
 

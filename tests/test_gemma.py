@@ -125,14 +125,14 @@ def test_a_rerun_of_the_first_items_reproduces_the_committed_gate_records(gemma,
     decisions call by call (item 4 is the first whose calls reuse, so the anchor pool's warm-up is covered)."""
     from bcr_core.paths import RESULTS
     from bcr_core.record_files import read_calls, read_records
-    from bcr_core.runs.cell import make_cell
+    from bcr_core.runs.cell import Cell
     from bcr_core.runs.runner import run_cell
 
     committed = RESULTS / "claims-gemma-3-270m-bos" / "gate"
     settings = json.loads((committed / "cell.json").read_text())
     assert (settings["prompt"], settings["stop"]) == ("one-shot", "line")
     conditions, n = ["dense", "kvcomm", "opengate"], 5
-    cell = make_cell(
+    cell = Cell(
         benchmark="synthetic", agents=3, conditions=conditions, n=n, max_new_tokens=8,
         model="gemma-3-270m", prompt="one-shot", stop="line",
     )  # fmt: skip

@@ -25,7 +25,7 @@ CONDITION = "bcr-single@0.2:gamma=1,skip=off"
 
 @pytest.fixture(scope="module")
 def served(real):
-    items = lab.Comparison("synthetic", 2, 3, 6, item_seed=34).items()
+    items = lab.Comparison(benchmark="synthetic", agents=2, n=3, max_new_tokens=6, item_seed=34).items()
     return lab.inspect_requests(real, "synthetic", items, 2, CONDITION, 6, progress=False, chunk=8)
 
 

@@ -198,11 +198,18 @@ def test_wrong_parameter_type_stops_the_notebook_with_one_clear_line(tmp_path, c
 
 
 # -- inspection helpers on a tiny model -----------------------------------------------------------
-COMPARISON = lab.Comparison("synthetic", 2, 4, 4, item_seed=34)
+COMPARISON = lab.Comparison(benchmark="synthetic", agents=2, n=4, max_new_tokens=4, item_seed=34)
 
 
 def test_collect_reads_an_existing_run_under_another_label(tiny_chat, tmp_path):
-    cell = Cell("synthetic", 2, ("dense", "kvcomm@0.3", "bcr-single:gamma=1"), 4, 4, extra={"seed": 34})
+    cell = Cell(
+        benchmark="synthetic",
+        agents=2,
+        conditions=("dense", "kvcomm@0.3", "bcr-single:gamma=1"),
+        n=4,
+        max_new_tokens=4,
+        item_seed=34,
+    )
     run_cell(tiny_chat, cell, tmp_path / "by-bcr-run", progress=False)
     runs = lab.collect(
         COMPARISON, ["dense", "kvcomm", "bcr-single@0.2:gamma=1"], tmp_path, backbone=None, progress=False

@@ -24,12 +24,12 @@ from bcr_core.runs.run_files import RunFiles
 from bcr_core.runs.runner import run_cell
 
 CELL = Cell(
-    "synthetic",
-    2,
-    ("dense", "kvcomm:gamma=1", "coin-single:gamma=1,skip=off,seed=3"),
-    4,
+    benchmark="synthetic",
+    agents=2,
+    conditions=("dense", "kvcomm:gamma=1", "coin-single:gamma=1,skip=off,seed=3"),
+    n=4,
     max_new_tokens=3,
-    extra={"seed": 7},
+    item_seed=7,
 )
 
 
@@ -87,7 +87,7 @@ def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
 
 def test_a_bad_reference_fails_before_any_work_and_is_not_part_of_the_identity(tiny_chat, finished, tmp_path):
     with pytest.raises(UsageError, match="--reference: kvcomm@0.5 is not among the conditions"):
-        Cell("synthetic", 2, ("dense", "kvcomm"), 4, reference="kvcomm@0.5")
+        Cell(benchmark="synthetic", agents=2, conditions=("dense", "kvcomm"), n=4, reference="kvcomm@0.5")
     out = tmp_path / "run"
     out.mkdir()
     for f in finished.iterdir():
@@ -473,11 +473,25 @@ def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
 
 
 def test_a_condition_refused_while_building_leaves_the_folder_usable(tiny_chat, tmp_path):
-    small = dict(n=1, max_new_tokens=2, extra={"seed": 7})
+    small = dict(n=1, max_new_tokens=2, item_seed=7)
     with pytest.raises(UsageError, match="cacheblend-reuse needs the paired BCR-chunk reuse rate"):
-        run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse"), **small), tmp_path, progress=False)
+        run_cell(
+            tiny_chat,
+            Cell(benchmark="synthetic", agents=2, conditions=("dense", "cacheblend-reuse"), **small),
+            tmp_path,
+            progress=False,
+        )
     assert not (tmp_path / "cell.json").exists() and not (tmp_path / ".lock").exists()
-    assert len(run_cell(tiny_chat, Cell("synthetic", 2, ("dense", "cacheblend-reuse@0.5"), **small), tmp_path)) == 2
+    assert (
+        len(
+            run_cell(
+                tiny_chat,
+                Cell(benchmark="synthetic", agents=2, conditions=("dense", "cacheblend-reuse@0.5"), **small),
+                tmp_path,
+            )
+        )
+        == 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -493,7 +507,7 @@ def test_a_condition_refused_while_building_leaves_the_folder_usable(tiny_chat, 
 )
 def test_a_value_no_server_takes_names_the_condition(condition, message):
     with pytest.raises(UsageError) as refused:
-        Cell("synthetic", 2, ("dense", condition), 2)
+        Cell(benchmark="synthetic", agents=2, conditions=("dense", condition), n=2)
     assert str(refused.value) == message
 
 

@@ -4,6 +4,7 @@ and prefix-extended prefills (`segments.PrefixPrefills`). Each must leave every 
 without it: tokens, routes, gate decisions, repaired rows exactly, floats within the suite's tolerance."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,10 +22,10 @@ TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 
 CELL = Cell(
     benchmark="synthetic",
-    n_agents=3,
+    agents=3,
     n=5,
     max_new_tokens=6,
-    extra={"seed": 11},
+    item_seed=11,
     fidelity=True,
     conditions=("dense", "token-matched-dense", "kvcomm@1", "bcr-chunk@0.5:gamma=1", "coin-chunk@0.5:gamma=1,seed=3"),
 )
@@ -134,15 +135,7 @@ def test_the_committed_cell_a_items_come_out_the_same_with_all_sharing_on(real, 
     committed = json.loads((folder / "cell.json").read_text())
     conditions = ("dense", "kvcomm", "bcr-chunk:chunk=16", "coin-chunk:chunk=16,seed=0")
     assert set(conditions) <= set(committed["conditions"])
-    cell = Cell(
-        "synthetic",
-        committed["n_agents"],
-        conditions,
-        5,
-        committed["max_new_tokens"],
-        extra=committed["extra"],
-        fidelity=True,
-    )
+    cell = replace(Cell.from_record(committed), conditions=conditions, n=5, fidelity=True)
     run_cell(real, cell, tmp_path, progress=False, batch=8, prefix_prefills=True)
     fresh = [record_files.committed(c) for c in record_files.read_records(tmp_path / "calls.jsonl")]
     wanted = {

@@ -37,7 +37,7 @@ from bcr_core.runs.runner import Interrupted, SharedReference, item_record
 RHOS = (0.05, 0.1, 0.2, 0.4)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArenaCell(Cell):
     """A `bcr run` cell (one BCR-chunk condition, fidelity on) and the arena's settings, all of
     which are the run folder's identity: resuming with other selectors or budgets is refused."""
@@ -45,10 +45,11 @@ class ArenaCell(Cell):
     selectors: tuple[str, ...] = ()
     rhos: tuple[float, ...] = RHOS
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check(self):
+        super().check()
         for rho in self.rhos:
             check_rho(rho)
+        object.__setattr__(self, "rhos", tuple(float(rho) for rho in self.rhos))
         object.__setattr__(self, "selectors", tuple(e.label for e in make_entries(",".join(self.selectors))))
 
 
@@ -80,21 +81,18 @@ def make_arena_cell(
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     labels = tuple(e.label for e in make_entries(DEFAULT if selectors is None else selectors, chunk, seeds))
-    extra = benchmarks.item_draw(benchmark, item_seed)
     condition = f"bcr-chunk@{rho:g}:chunk={chunk}" + ("" if gamma is None else f",gamma={gamma:g}")
     return ArenaCell(
-        benchmark,
-        agents,
-        (condition,),
-        n,
-        max_new_tokens,
-        None,
-        model,
-        None,
-        extra,
-        True,
-        prompt,
-        stop,
+        benchmark=benchmark,
+        agents=agents,
+        conditions=(condition,),
+        n=n,
+        max_new_tokens=max_new_tokens,
+        model=model,
+        item_seed=item_seed,
+        fidelity=True,
+        prompt=prompt,
+        stop=stop,
         selectors=labels,
         rhos=tuple(float(r) for r in rhos),
     )
@@ -141,7 +139,7 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
         pipeline = Pipeline(
-            bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
+            bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
         )
         condition = cell.conditions[0]
         chunk = parse(condition).option("chunk")
@@ -153,7 +151,7 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
             [str(i["id"]) for i in items], [t.node for t in pipeline.templates], {condition}
         )
         reference = KeptReference(bb, keep=8)  # one item's calls (at most 6): Dense caches are not hoarded
-        bar = tqdm(total=len(items), disable=not progress, desc=f"arena {cell.benchmark} x{cell.n_agents}")
+        bar = tqdm(total=len(items), disable=not progress, desc=f"arena {cell.benchmark} x{cell.agents}")
         with bar:
             for index, item in enumerate(items):
                 item_id = str(item["id"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -23,24 +23,23 @@ from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.record_files import read_calls, read_jsonl
-from bcr_core.runs.cell import Cell, make_cell
+from bcr_core.runs.cell import Cell, RunSettings
 from bcr_core.runs.run_files import LATER_SETTINGS, read_settings
+from bcr_core.runs.run_settings import settings_record
 from bcr_core.runs.runner import run_cell
 
+# A run's settings a comparison leaves to each of its conditions' runs (and how they run).
+NOT_COMPARED = ("conditions", "reference", "fidelity", "seeds", "batch")
 
-@dataclass(frozen=True)
-class Comparison:
-    """The settings every condition of one comparison shares (a `bcr run` cell minus conditions)."""
 
-    benchmark: str
-    agents: int
-    n: int
-    max_new_tokens: int
-    model: str = "default"
-    pinned: str | None = None
-    item_seed: int = 0  # the synthetic task's items; ignored by the other benchmarks
-    prompt: str = DEFAULT_PROMPT
-    stop: str = DEFAULT_RULE
+class Comparison(settings_record("ComparisonFields", leave_out=NOT_COMPARED)):
+    """The settings every condition of one comparison shares: a `bcr run` cell's but `NOT_COMPARED`."""
+
+    @classmethod
+    def from_params(cls, params) -> Comparison:
+        """The comparison a notebook's parameters describe: each of its settings the notebook has
+        a parameter for, `bcr run`'s default for the rest."""
+        return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
 
     @property
     def extra(self) -> dict:
@@ -51,18 +50,7 @@ class Comparison:
         return benchmarks.load_items(self.benchmark, self.n, **self.extra)
 
     def cell(self, conditions) -> Cell:
-        return make_cell(
-            benchmark=self.benchmark,
-            agents=self.agents,
-            conditions=list(conditions),
-            n=self.n,
-            max_new_tokens=self.max_new_tokens,
-            pinned=self.pinned,
-            model=self.model,
-            item_seed=self.item_seed,
-            prompt=self.prompt,
-            stop=self.stop,
-        )
+        return RunSettings(**asdict(self), conditions=list(conditions)).cell()
 
     @property
     def slug(self) -> str:
@@ -84,7 +72,7 @@ class Comparison:
         of the cell this comparison runs (a setting added later read at its earlier value,
         `run_files.LATER_SETTINGS`) but those a comparison leaves open (`OPEN`)."""
         theirs = LATER_SETTINGS | settings | {"extra": settings.get("extra") or {}}
-        mine = asdict(self.cell(["dense"]))
+        mine = self.cell(["dense"]).record()
         return all(theirs.get(k) == v for k, v in mine.items() if k not in OPEN) and int(settings.get("n", 0)) >= self.n
 
 

@@ -111,7 +111,7 @@ class LiveCaches:
         from bcr_core.lab.inspection import inspect_requests
 
         s, requests = self.settings, self.inspection.requests
-        items = Comparison(s["benchmark"], s["agents"], s["n"], s["max_new_tokens"], item_seed=s["item_seed"]).items()
+        items = Comparison.from_params(s).items()
         wanted = [r.item_id for r in requests]
         if [str(i["id"]) for i in items] != wanted:
             raise UsageError(f"this benchmark's items are not the inspection's ({wanted}): cannot rebuild its caches")

@@ -38,16 +38,12 @@ class ParameterError(SettingError, TypeError):
 LAYOUT_NAMES = ("chunk", "grow", "single")
 FRACTION = Float(0.0, 1.0)
 
+# The settings a notebook shares with `bcr run`, checked as `bcr run` checks them
+# (`bcr_core.runs.run_settings.RUN`) and read into a `lab.Comparison` by name.
+SHARED_WITH_RUN = ("model", "benchmark", "agents", "n", "max_new_tokens", "item_seed", "pinned")
+
 # Every parameter any notebook declares, with the kind of value it takes.
-SCHEMA: dict[str, Kind] = {
-    # the settings a notebook shares with `bcr run`, as `bcr run` checks them (bcr_core.runs.run_settings.RUN)
-    "model": RUN["model"].kind,  # 'default' (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id
-    "benchmark": RUN["benchmark"].kind,
-    "agents": RUN["agents"].kind,
-    "n": RUN["n"].kind,
-    "max_new_tokens": RUN["max_new_tokens"].kind,
-    "item_seed": RUN["item_seed"].kind,  # the synthetic task's items
-    "pinned": RUN["pinned"].kind,  # give every agent this role
+SCHEMA: dict[str, Kind] = {key: RUN[key].kind for key in SHARED_WITH_RUN} | {
     "conditions": ListOf(ConditionName()),
     "condition": ConditionName(),
     "reuse": ConditionName(),  # a reuse condition, e.g. kvcomm or kvcomm@1

@@ -1,38 +1,50 @@
-"""One `bcr run` cell (benchmark x agent count, its items and new tokens) under several conditions:
-`Cell` and `make_cell`, which check every setting and condition before any folder is touched.
+"""The records made from `bcr run`'s settings (`runs.run_settings.RUN`): `RunSettings`, one command's
+settings, and `Cell`, what one run folder holds (benchmark x agent count, its items and new tokens,
+under several conditions), which `cell.json` records. Both check every setting and condition when
+made, before any folder is touched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict
 
 from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
 from bcr_core.data import benchmarks
-from bcr_core.data.roles import DEFAULT_PROMPT
-from bcr_core.engine.stopping import DEFAULT_RULE
-from bcr_core.runs.run_settings import RUN, check_run
-from bcr_core.setting_kinds import SettingError, check_setting
+from bcr_core.runs.run_settings import RUN, check_run, settings_record
+from bcr_core.setting_kinds import SettingError
+
+# how a cell runs, or what it is made from, rather than what it is: not part of a cell
+NOT_CELL = ("batch", "seeds")
+# `cell.json`'s name for a setting where it differs (the committed records keep theirs)
+RECORD_NAMES = {"agents": "n_agents"}
 
 
-@dataclass(frozen=True)
-class Cell:
-    benchmark: str
-    n_agents: int
-    conditions: tuple[str, ...]
-    n: int
-    max_new_tokens: int = 512
-    pinned: str | None = None
-    model: str = "default"
-    reference: str | None = None  # condition the b/c splits are taken against (default: kvcomm or the first)
-    extra: dict = field(default_factory=dict)  # task options (e.g. the synthetic task's seed)
-    fidelity: bool = False  # also serve every call densely and record its in-situ fidelity (about 2x the work)
-    prompt: str = DEFAULT_PROMPT  # the templates' form (`data.roles.PROMPTS`)
-    stop: str = DEFAULT_RULE  # the rule every call's decoding ends by (`engine.stopping.RULES`)
+class RunSettings(settings_record("RunSettingsFields")):
+    """Every setting of one `bcr run` (a grid file's cell, a notebook's comparison), each checked
+    by the one validator when made: an error names its key. `cell()` is the run it describes."""
 
-    def __post_init__(self):
-        check_setting("n", self.n, RUN["n"].kind)
-        check_setting("prompt", self.prompt, RUN["prompt"].kind)
-        check_setting("stop", self.stop, RUN["stop"].kind)
+    def check(self):
+        for key, value in check_run(asdict(self)).items():
+            object.__setattr__(self, key, value)
+        if self.seeds and not any(c.startswith("coin-") for c in self.conditions):
+            raise SettingError(
+                "seeds",
+                "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed",
+            )
+
+    def cell(self) -> Cell:
+        """The cell these settings run: coin conditions without a seed once per seed in `seeds`."""
+        kept = {key: value for key, value in asdict(self).items() if key not in NOT_CELL}
+        return Cell(**kept | {"conditions": tuple(expand_seeds(self.conditions, self.seeds))})
+
+
+class Cell(settings_record("CellFields", leave_out=NOT_CELL)):
+    """One run folder's settings: every `RunSettings` key but `NOT_CELL`, conditions by their labels
+    (`reference` is the condition the b/c splits are taken against; default kvcomm or the first)."""
+
+    def check(self):
+        for key, value in check_run({key: getattr(self, key) for key in RUN if key not in NOT_CELL}).items():
+            object.__setattr__(self, key, value)
         parsed = [parse(c) for c in self.conditions]
         seen: dict[tuple, str] = {}
         for c in parsed:
@@ -50,6 +62,25 @@ class Cell:
                 "reference", f"{self.reference} is not among the conditions: {', '.join(self.conditions)}"
             )
 
+    @property
+    def extra(self) -> dict:
+        """The load options that draw the items (the synthetic task's seed; nothing for fixed data)."""
+        return benchmarks.item_draw(self.benchmark, self.item_seed)
+
+    def record(self) -> dict:
+        """`cell.json`'s settings: every field under its committed name, the item draw as `extra`."""
+        found = asdict(self)
+        found["item_seed"] = self.extra
+        return {("extra" if key == "item_seed" else RECORD_NAMES.get(key, key)): v for key, v in found.items()}
+
+    @classmethod
+    def from_record(cls, found: dict) -> Cell:
+        """The cell a `cell.json` records (`record`'s inverse)."""
+        names = {recorded: key for key, recorded in RECORD_NAMES.items()}
+        settings = {names.get(key, key): value for key, value in found.items() if key != "extra"}
+        extra = found.get("extra") or {}
+        return cls(**settings | {"conditions": tuple(found["conditions"]), "item_seed": extra.get("seed", 0)})
+
 
 def check_value(c: Condition) -> None:
     """Refuse a condition value no server can take, naming it (before any folder is touched); the
@@ -61,36 +92,3 @@ def check_value(c: Condition) -> None:
         raise refuse(f"rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
     if "seed" in SPECS[c.name].options and c.option("seed") < 0:
         raise refuse(f"option seed is a coin stream's seed, at least 0; got {c.option('seed')}")
-
-
-def make_cell(**settings) -> Cell:
-    """The cell `bcr run` runs for these settings (each cell of `bcr grid` and of a notebook's
-    `Comparison` too): every key of `runs.run_settings.RUN` but `batch` (how a cell runs, not what it
-    is), by keyword, at `RUN`'s default where not given. Coin conditions without a seed run once
-    per seed in `seeds`; the synthetic task's items are drawn with `item_seed`. Every setting is
-    checked first by the one validator (`runs.run_settings.check_run`): an error names its key."""
-    if "batch" in settings:
-        raise SettingError("batch", "is how a cell runs, not what it is: give it to the runner, not the cell")
-    checked = check_run(settings)
-    for key, setting in RUN.items():
-        if setting.required and checked.get(key) is None:
-            raise SettingError(key, "missing; every run names it")
-    s = {key: setting.default for key, setting in RUN.items()} | checked
-    if s["seeds"] and not any(c.startswith("coin-") for c in s["conditions"]):
-        raise SettingError(
-            "seeds", "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed"
-        )
-    return Cell(
-        benchmark=s["benchmark"],
-        n_agents=s["agents"],
-        conditions=tuple(expand_seeds(s["conditions"], s["seeds"])),
-        n=s["n"],
-        max_new_tokens=s["max_new_tokens"],
-        pinned=s["pinned"],
-        model=s["model"],
-        reference=s["reference"],
-        extra=benchmarks.item_draw(s["benchmark"], s["item_seed"]),
-        fidelity=s["fidelity"],
-        prompt=s["prompt"],
-        stop=s["stop"],
-    )

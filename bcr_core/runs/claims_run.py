@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 from bcr_core.analysis.claims_grid import GATE, ClaimsGrid
-from bcr_core.data import benchmarks
 from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve
 from bcr_core.probes.verify import verify
 from bcr_core.runs.cell import Cell
@@ -19,12 +18,12 @@ from bcr_core.runs.runner import run_cell
 def claims_cell(grid: ClaimsGrid, conditions: list[str], fidelity: bool, n: int | None = None) -> Cell:
     """One run of the grid: its benchmark, agents and items under `conditions`."""
     return Cell(
-        grid.benchmark,
-        grid.agents,
-        tuple(conditions),
-        grid.n if n is None else n,
-        grid.max_new_tokens,
-        extra=benchmarks.item_draw(grid.benchmark, grid.item_seed),
+        benchmark=grid.benchmark,
+        agents=grid.agents,
+        conditions=tuple(conditions),
+        n=grid.n if n is None else n,
+        max_new_tokens=grid.max_new_tokens,
+        item_seed=grid.item_seed,
         fidelity=fidelity,
     )
 

@@ -16,7 +16,7 @@ from bcr_core.engine.architectures import CONFIG_PREFIX
 from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
-from bcr_core.runs.cell import Cell, make_cell
+from bcr_core.runs.cell import Cell, RunSettings
 from bcr_core.runs.run_settings import RUN
 from bcr_core.setting_kinds import SettingError, check_setting, cli_label
 
@@ -111,11 +111,12 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> G
         if setting.required and key not in defaults and key not in own:
             raise GridError(f"{path}: {where}.{key}: missing; set it in [defaults] or in [{where}]")
     try:  # an error names the setting it is about (`SettingError.key`), shown where the file set it
-        cell = make_cell(**{key: value for key, value in settings.items() if key != "batch"})  # batch: how, not what
+        run = RunSettings(**settings)
+        cell = run.cell()
     except SettingError as err:
         shown_as = "" if err.label == cli_label(err.key) else f"{err.label}: "  # e.g. `condition LABEL: `
         raise GridError(f"{path}: {origin(err.key)}: {shown_as}{err.detail}") from None
-    return GridCell(name, cell, settings["batch"], absolute_model(settings["model"]))
+    return GridCell(name, cell, run.batch, absolute_model(run.model))
 
 
 def absolute_model(model: str) -> str:

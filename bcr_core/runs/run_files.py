@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +43,7 @@ class RunFiles:
     def settle(self) -> None:
         settings = self.out / "cell.json"
         if not settings.exists():
-            settings.write_text(json.dumps(identity(asdict(self.cell)), indent=2))
+            settings.write_text(json.dumps(identity(self.cell.record()), indent=2))
 
     def take_lock(self) -> None:
         for _ in range(2):
@@ -213,7 +212,7 @@ def check_folder(out: Path, cell: Cell) -> None:
     settings = out / "cell.json"
     if settings.exists():
         found = identity(read_settings(settings))
-        if found != json.loads(json.dumps(identity(asdict(cell)))):
+        if found != json.loads(json.dumps(identity(cell.record()))):
             raise UsageError(f"{out} holds a run with other settings ({found}); use another --out or delete it")
     elif (out / "items.jsonl").exists() or (out / "calls.jsonl").exists():
         raise UsageError(

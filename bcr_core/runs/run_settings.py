@@ -1,13 +1,16 @@
 """The settings of `bcr run` (`RUN`), which `bcr grid` and the notebooks' parameter cells read too,
 in the kinds of `bcr_core.setting_kinds`: a condition (`ConditionName`), a list of them (`Conditions`),
-and `check_run`, the checks of a whole `bcr run` command. They live here, beside the runner, because
+`check_run`, the checks of a whole `bcr run` command, and `settings_record`, which makes the records
+that hold some of these settings (`runs.cell.RunSettings` and `Cell`, `lab.Comparison`) from `RUN`,
+so a setting is declared once. They live here, beside the runner, because
 checking a condition means parsing it (`bcr_core.conditions`), and the conditions' own options
 are checked by the kinds of `bcr_core.setting_kinds`: one direction, no circle.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any
 
 from bcr_core.agents.graph import full_connected
 from bcr_core.conditions import parse, split_conditions
@@ -77,8 +80,8 @@ RUN: dict[str, Setting] = {
     "n": Setting(Int(1), required=True),
     "max_new_tokens": Setting(Int(1), 512),
     "seeds": Setting(Optional(ListOf(SEED, min_len=0))),  # [] in a grid cell: no seeds, whatever the defaults say
-    "model": Setting(Str(), DEFAULT_MODEL),
     "pinned": Setting(Optional(Str())),
+    "model": Setting(Str(), DEFAULT_MODEL),
     "reference": Setting(Optional(ConditionName())),
     "item_seed": Setting(Int(0), 0),
     "batch": Setting(Int(1), 1),
@@ -102,3 +105,24 @@ def check_run(settings: dict, label=cli_label) -> dict:
         except SettingError as err:
             raise err.relabel(label(err.key)) from None
     return checked
+
+
+def settings_record(name: str, leave_out: tuple[str, ...] = ()) -> type:
+    """A frozen, keyword-only dataclass with one field per `RUN` setting but `leave_out`, in `RUN`'s
+    order, at `RUN`'s default; a required setting left out of a record raises a SettingError naming
+    it. Records subclass it for their methods; a subclass's `check()` runs when a record is made (the
+    generated `__init__` calls the `__post_init__` its class had when generated, which is this one)."""
+    unknown = [key for key in leave_out if key not in RUN]
+    if unknown:
+        raise KeyError(f"not run settings: {unknown}")
+    kept = {key: setting for key, setting in RUN.items() if key not in leave_out}
+
+    def post_init(record):
+        for key, setting in kept.items():
+            if setting.required and getattr(record, key) is None:
+                raise SettingError(key, "missing; every run names it")
+        record.check()
+
+    fields = [(key, Any, field(default=setting.default)) for key, setting in kept.items()]
+    namespace = {"__post_init__": post_init, "check": lambda record: None}
+    return make_dataclass(name, fields, frozen=True, kw_only=True, namespace=namespace)

@@ -116,7 +116,7 @@ def run_cell(
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
         pipeline = Pipeline(
-            bb, cell.benchmark, cell.n_agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
+            bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
         )
         servers = {c: make_server(bb, c) for c in cell.conditions}
         files.settle()
@@ -144,7 +144,7 @@ def run_cell(
             total=len(items) * len(servers),
             initial=len(items) * len(servers) - len(units),
             disable=not progress,
-            desc=label or f"{cell.benchmark} x{cell.n_agents}",
+            desc=label or f"{cell.benchmark} x{cell.agents}",
         )
 
         def may_start(unit: Unit, running: list[Unit]) -> bool:
