@@ -22,7 +22,7 @@ SETTINGS = dict(
 
 @pytest.fixture(scope="module")
 def served(tiny_chat):
-    items = lab.Comparison("synthetic", 2, 4, 4, item_seed=34).items()
+    items = lab.Comparison(benchmark="synthetic", agents=2, n=4, max_new_tokens=4, item_seed=34).items()
     return lab.inspect_requests(
         tiny_chat, "synthetic", items, 2, "bcr-chunk@0.3:gamma=1,chunk=8", 4, progress=False, chunk=8
     )
@@ -103,3 +103,37 @@ def test_a_saved_inspection_keeps_the_field_and_each_selectors_continuation(serv
     assert labels and not any(a in explorer.answers_w.value for a in labels)  # unticked: only answers held
     explorer.update(decode=True)  # ticked, with no model to decode: said, not raised
     assert all(a in explorer.answers_w.value for a in labels) and lab.explorer.NOT_DECODED in explorer.answers_w.value
+
+
+def test_the_searched_lane_leaves_no_more_kl_than_any_lane_and_is_kept_at_its_count(served, tiny_chat, tmp_path):
+    """Saving with the model searches each call's best set at the saved layout's count: it has that
+    many rows and leaves at most the KL of every lane that spends them, each copy repaired and
+    measured here by the fidelity KL against Dense's served cache; loaded, the lane and its
+    continuation are there at that count and absent at another."""
+    from bcr_core.repair.layouts import LayoutConfig
+    from bcr_core.reuse.fidelity import teacher_forced_kl
+
+    path = saved.save(served, tmp_path, SETTINGS, tiny_chat)
+    for v in served.views:
+        count = len(v.select("chunk", 0.3, LayoutConfig(chunk=8)))
+        found = v.searched[count]
+
+        def kl(rows, v=v):
+            copy = tiny_chat.repair(v.kv, v.ids[:-1], list(rows)) if rows else v.kv
+            return teacher_forced_kl(tiny_chat, tuple(v.dense.served), (copy, v.ids[-1]), v.dense.output_tokens)
+
+        assert len(found["rows"]) == count and found["case"] in ("exhaustive", "local", "none")
+        assert found["kl"] == pytest.approx(kl(found["rows"]), rel=1e-4, abs=1e-6)
+        assert found["unrepaired_kl"] == pytest.approx(kl([]), rel=1e-4, abs=1e-6)
+        lanes = {label: rows for label, rows in microscope.picks(v, count, 8).items() if label != "searched"}
+        assert len(lanes) == len(v.rankings)
+        for label, rows in lanes.items():
+            if len(rows) == count:
+                assert found["kl"] <= kl(rows) + 1e-6, label
+    back = saved.load(path)
+    assert [b.searched for b in back.views] == [a.searched for a in served.views]
+    view = back.views[-1]
+    drawn = lab.explore(view, layout_name="chunk", rho=0.3, chunk=8)
+    assert drawn.picks["searched"] == served.views[-1].searched[drawn.count]["rows"]
+    assert view.answer_with(None, drawn.picks["searched"], 4) is not None
+    assert "searched" not in lab.explore(view, layout_name="chunk", rho=0.7, chunk=8).picks

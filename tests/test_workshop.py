@@ -160,13 +160,19 @@ def test_the_exercises_answers_are_the_committed_inspections():
     assert f"with layer 0, none on the prefix and {counts(layer0)[1]} on the shared values" in text
     assert counts(layer0)[0] == 0 and f"head 1 puts {counts(layer3)[0]} on the prefix" in text
 
-    error = view.rankings["oracle"].double()  # saved before the K/V-error ranking was renamed `kv-error`
+    error = view.rankings["kv-error"].double()
     assert error[:prefix].sum() / error.sum() < 1e-6  # the prefix is exact: float rounding only
     answer = next(s for s in view.segments if s["name"] == "agent_2_current")
     mass = 100 * error[answer["start"] : answer["stop"]].sum() / error.sum()
     assert f"(rows {answer['start']}-{answer['stop'] - 1}) holds {mass:.0f}% of the error mass" in text
     lanes = microscope.picks(view, len(picked), chunk)
+    searched = lanes.pop("searched")
     assert sorted(lanes["draft"]) == picked and len(lanes) == 11 and "of the eleven" in text
+    found = view.searched[len(picked)]
+    assert len(searched) == len(picked) and not any(r < prefix for r in searched)
+    assert f"its {len(searched)} rows, none on the prefix, leave {found['kl']:.3f} nats" in text
+    assert f"where the unrepaired cache leaves {found['unrepaired_kl']:.3f}" in text
+    assert view.answer_with(None, searched, 32) == view.dense_text and "gives Dense's answer too" in text
 
     def cover(name):
         return f"{100 * error[torch.tensor(lanes[name])].sum() / error.sum():.0f}%"

@@ -49,6 +49,8 @@ class CallView:
     dense_text: str | None = None  # Dense on the same prompt (the chat template's ids), in situ
     answers: dict = field(default_factory=dict, repr=False)  # cache of repaired answers by rows
     rankings: dict = field(default_factory=dict, repr=False)  # the microscope's field: label -> scores
+    searched: dict = field(default_factory=dict, repr=False)  # count -> the searched set's record there
+    dense: CallRecord | None = field(default=None, repr=False)  # Dense's call with its cache (not saved)
 
     node = property(lambda self: self.record.node)
     role = property(lambda self: self.record.role)
@@ -156,7 +158,7 @@ class Recorder(Server):
     def steps(self, prompt, max_new_tokens: int):
         call = yield from self.server.steps(prompt, max_new_tokens)
         if call.trace is not None:
-            dense = (yield from self.dense.steps(prompt, max_new_tokens)).output_text if self.dense else None
+            dense = (yield from self.dense.steps(prompt, max_new_tokens)) if self.dense else None
             ids = call.merged_ids
             self.views.append(
                 CallView(
@@ -165,7 +167,8 @@ class Recorder(Server):
                     call,
                     self.bb.tokenizer.convert_ids_to_tokens(ids[:-1]),
                     [span | {"text": segment.text} for span, segment in zip(call.segment_map, prompt.segments)],
-                    dense,
+                    None if dense is None else dense.output_text,
+                    dense=dense,
                 )
             )
         return call

@@ -13,6 +13,12 @@ K/V-error rankings, and keeps each one's per-row scores on the `CallView`. From 
   a row rule);
 - the continuation each selector's repaired copy gives, beside Dense's.
 
+One more lane, `searched`, is the arena's ceiling on this call (`bcr_core.arena.search`): the row set
+at the layout's count that leaves the least KL to Dense's continuation of the same prompt, seeded by
+this field's picks at that count (one coin, so on a call the arena ran too it may end elsewhere).
+It measures sets against Dense, so it is searched once per call at the count the inspection is
+saved with (`search_at`, by `lab.saved_inspection.save`) and shown at that count only.
+
 The scores are computed once, when the call is inspected (they need the cache and the model), and
 saved with the inspection, so a loaded one shows every selector's picks at any rho without a model
 (an inspection saved before the K/V-error rankings were renamed holds them as `oracle` and
@@ -23,8 +29,9 @@ from __future__ import annotations
 
 import torch
 
+from bcr_core.arena import search
 from bcr_core.arena.context import CallContext
-from bcr_core.arena.copies import spend
+from bcr_core.arena.copies import DenseReference, measure_copies, spend
 from bcr_core.arena.registry import Entry, current_label, make_entries, make_entry
 
 # the arena's field, one coin seed (the picks of one draw; the arena averages three)
@@ -42,6 +49,7 @@ FIELD = (
     "ours",
 )
 ERROR, DEVIATION = "kv-error", "cacheblend"  # the two bands under the heatmap
+SEARCHED = "searched"  # the lane of the searched set, where the call holds one at the count
 
 
 def field_entries(layers: int, chunk: int) -> list[Entry]:
@@ -67,13 +75,37 @@ def rank_field(bb, view, key: tuple[int, ...], chunk: int) -> dict[str, torch.Te
 
 def picks(view, count: int, chunk: int) -> dict[str, list[int]]:
     """The rows each selector of the view's field repairs when it spends exactly `count` rows
-    (capped at the rows it ranks), in `FIELD` order."""
+    (capped at the rows it ranks), in `FIELD` order, then the searched set where the view holds one
+    at `count`."""
     out = {}
     for label, scores in view.rankings.items():
         entry = make_entry(label, chunk)
         candidates = entry.candidates(view.rows, view.segments)
         out[current_label(label)] = spend(entry, scores, candidates, count, chunk) if count else []
+    if count in view.searched:
+        out[SEARCHED] = view.searched[count]["rows"]
     return out
+
+
+def search_at(bb, view, count: int, chunk: int, max_new_tokens: int) -> dict:
+    """The searched set on `view` at `count` rows and its record: `rows`, `kl` (KL(Dense || copy),
+    teacher-forced on Dense's continuation, as the arena measures), `unrepaired_kl`, and the
+    search's own record (`case`, `evaluations`, `seconds`, `optimum`, ...: `arena.search.search`).
+    Needs the assembled cache and Dense's served record of the same prompt (a view inspected
+    with Dense, not a loaded one)."""
+    if view.kv is None or view.dense is None:
+        raise ValueError("the searched set needs the assembled cache and Dense's cache: a loaded view holds neither")
+    reference = DenseReference(bb, view.dense, max_new_tokens)
+    field = {current_label(k): v for k, v in picks(view, count, chunk).items() if k != SEARCHED}
+    seeds = [tuple(rows) for rows in field.values() if len(rows) == count]
+    measured = measure_copies(bb, view.kv, view.ids, reference, [(), *seeds])
+
+    def evaluate(sets):
+        measured.update(measure_copies(bb, view.kv, view.ids, reference, sets))
+        return [measured[rows]["kl"] for rows in sets]
+
+    rows, record = search.search(evaluate, {s: measured[s]["kl"] for s in seeds}, view.rows, count, chunk)
+    return {"rows": list(rows), "kl": measured[rows]["kl"], "unrepaired_kl": measured[()]["kl"]} | record
 
 
 def band(view, label: str):

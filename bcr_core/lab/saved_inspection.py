@@ -5,9 +5,10 @@ settings that decide its content (`KEYS`).
 A saved inspection keeps the draft's attention exactly (float32) but not the assembled caches: one
 cache is about 23 KB per row in float16 on SmolLM2-135M (30 layers x 3 kv heads x 64 dims, keys and
 values) against the attention's 2 KB, so a dozen calls would weigh some 50 MB. It keeps the
-microscope's field (every selector's row scores, 4 bytes a row each). The repaired answers a loaded
-inspection can show are those decoded before saving: every call unrepaired, and at the setting it
-was saved with by the layout and by each selector of the field.
+microscope's field (every selector's row scores, 4 bytes a row each) and, made with a model, each
+call's searched set at the saved setting's count (`microscope.search_at`). The repaired answers a
+loaded inspection can show are those decoded before saving: every call unrepaired, and at the
+setting it was saved with by the layout, by each selector of the field and by the searched set.
 """
 
 from __future__ import annotations
@@ -51,14 +52,20 @@ def file_name(parameters: dict) -> str:
 
 
 def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
-    """Write `inspection` to `folder`/`file_name(parameters)`. With a model (`bb`), first decode
+    """Write `inspection` to `folder`/`file_name(parameters)`. With a model (`bb`), first search
+    each call's best set at the saved layout's count (where the view holds Dense's cache) and decode
     every call's unrepaired answer and its answer at the saved layout and rho (BCR's summed score),
-    so the explorer can show them without a model; the caches themselves are not saved."""
+    by each selector of the field and by the searched set, so the explorer can show them without a
+    model; the caches themselves are not saved."""
     path = Path(folder) / file_name(parameters)
     settings = settings_of(parameters)
     config = LayoutConfig(chunk=settings["chunk"])
     for v in inspection.views:
         chosen = v.select(settings["layout"], settings["rho"], config)
+        if bb is not None and v.dense is not None and len(chosen) not in v.searched:
+            v.searched[len(chosen)] = microscope.search_at(
+                bb, v, len(chosen), settings["chunk"], settings["max_new_tokens"]
+            )
         field = microscope.picks(v, len(chosen), settings["chunk"]).values()
         for rows in ([], chosen, *field):
             v.answer_with(bb, rows, settings["max_new_tokens"])
@@ -72,6 +79,7 @@ def save(inspection: Inspection, folder, parameters: dict, bb=None) -> Path:
             "dense_text": v.dense_text,
             "answers": [[list(rows), tokens, text] for (rows, tokens), text in v.answers.items()],
             "draft_tokens": list(v.draft_tokens),
+            "searched": [{"count": count} | found for count, found in v.searched.items()],
         }
         for v in inspection.views
     ]
@@ -137,6 +145,7 @@ def load(path, parameters: dict | None = None) -> Inspection:
                 v["dense_text"],
                 answers,
                 tensors["rankings"][i],
+                {found.pop("count"): found for found in v.get("searched", [])},
             )
         )
     return Inspection(document["condition"], requests, views, document["parameters"])
