@@ -1,8 +1,8 @@
 """The lab behind the notebooks: parameter checks (`params`), the headless notebook runner
-(`notebooks`), run records gathered into comparisons (`comparisons`), tables (`tables`), call
-inspection (`inspection`), saved inspections (`saved_inspection`) and the attention explorer
-(`explorer`). A notebook imports `from bcr_core import lab` and reads the names below; each lives
-in the module named beside it.
+(`notebooks`) and what a notebook calls in its kernel (`display`), run records gathered into
+comparisons (`comparisons`), tables (`tables`), call inspection (`inspection`), saved inspections
+(`saved_inspection`) and the attention explorer (`explorer`). A notebook imports
+`from bcr_core import lab` and reads the names below; each lives in the module named beside it.
 """
 
 from bcr_core.analysis.summary import condition_table, with_agreement

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bcr_core.errors import UsageError
-from bcr_core.lab.notebooks import APP
+from bcr_core.lab.display import APP
 from bcr_core.paths import CHECKOUT, NOTEBOOKS, RESULTS
 
 NOTEBOOK = NOTEBOOKS / "09_attention_explorer.ipynb"

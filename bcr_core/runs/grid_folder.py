@@ -52,11 +52,6 @@ def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["cell", "finished", "condition"])
 
 
-def write_summary(grid_cell: GridCell, folder: Path, items: pd.DataFrame) -> None:
-    """summary.csv, as `bcr run` writes it."""
-    (folder / "summary.csv").write_text(condition_table(items, grid_cell.cell.reference).to_csv(index=False))
-
-
 def check_folders(grid: list[GridCell], out: Path) -> list[GridCell]:
     """The cells still to run; a folder holding another run's records stops the grid before any work."""
     todo = []
