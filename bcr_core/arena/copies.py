@@ -127,10 +127,7 @@ def run_call(bb, call: ArenaCall, reference: DenseReference, entries: list[Entry
     measured = measure_copies(bb, kv, ids, reference, [(), *(rows for _, rows in chosen)])
     out = {"cached_rows": m, "unrepaired": measured[()], "cost": cost}
 
-    def evaluate(sets):  # KL of each set, measured `BATCH` copies per forward, kept with the rest
-        measured.update(measure_copies(bb, kv, ids, reference, sets))
-        return [measured[rows]["kl"] for rows in sets]
-
+    evaluate = kl_of_sets(bb, kv, ids, reference, measured)
     for entry in (e for e in entries if e.searched):
         started, records = time.perf_counter(), {}
         for budget, count in budgets.items():
@@ -156,6 +153,17 @@ def measure_copies(bb, kv, ids, reference: DenseReference, row_sets, batch: int 
         copies = [bb.repair(kv, ids[:-1], list(rows)) if rows else kv for rows in group]
         measured.update(zip(group, reference.measure_many(copies, ids[-1])))
     return measured
+
+
+def kl_of_sets(bb, kv, ids, reference: DenseReference, measured: dict):
+    """`search.search`'s `evaluate`: the KL of each row set, measured `BATCH` copies per forward
+    (`measure_copies`) and kept in `measured` with the rest."""
+
+    def evaluate(sets):
+        measured.update(measure_copies(bb, kv, ids, reference, sets))
+        return [measured[rows]["kl"] for rows in sets]
+
+    return evaluate
 
 
 def timed(work):

@@ -94,7 +94,7 @@ def make_arena_cell(
         prompt=prompt,
         stop=stop,
         selectors=labels,
-        rhos=tuple(float(r) for r in rhos),
+        rhos=tuple(rhos),
     )
 
 

@@ -41,10 +41,6 @@ class Comparison(settings_record("ComparisonFields", leave_out=NOT_COMPARED)):
         a parameter for, `bcr run`'s default for the rest."""
         return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
 
-    @property
-    def extra(self) -> dict:
-        return benchmarks.item_draw(self.benchmark, self.item_seed)
-
     def items(self) -> list[dict]:
         """The first n items, in the order every condition sees them."""
         return benchmarks.load_items(self.benchmark, self.n, **self.extra)

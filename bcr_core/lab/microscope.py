@@ -31,7 +31,7 @@ import torch
 
 from bcr_core.arena import search
 from bcr_core.arena.context import CallContext
-from bcr_core.arena.copies import DenseReference, measure_copies, spend
+from bcr_core.arena.copies import DenseReference, kl_of_sets, measure_copies, spend
 from bcr_core.arena.registry import Entry, current_label, make_entries, make_entry
 
 # the arena's field, one coin seed (the picks of one draw; the arena averages three)
@@ -96,14 +96,10 @@ def search_at(bb, view, count: int, chunk: int, max_new_tokens: int) -> dict:
     if view.kv is None or view.dense is None:
         raise ValueError("the searched set needs the assembled cache and Dense's cache: a loaded view holds neither")
     reference = DenseReference(bb, view.dense, max_new_tokens)
-    field = {current_label(k): v for k, v in picks(view, count, chunk).items() if k != SEARCHED}
-    seeds = [tuple(rows) for rows in field.values() if len(rows) == count]
+    field = picks(view, count, chunk)
+    seeds = [tuple(rows) for label, rows in field.items() if label != SEARCHED and len(rows) == count]
     measured = measure_copies(bb, view.kv, view.ids, reference, [(), *seeds])
-
-    def evaluate(sets):
-        measured.update(measure_copies(bb, view.kv, view.ids, reference, sets))
-        return [measured[rows]["kl"] for rows in sets]
-
+    evaluate = kl_of_sets(bb, view.kv, view.ids, reference, measured)
     rows, record = search.search(evaluate, {s: measured[s]["kl"] for s in seeds}, view.rows, count, chunk)
     return {"rows": list(rows), "kl": measured[rows]["kl"], "unrepaired_kl": measured[()]["kl"]} | record
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
-from bcr_core.data import benchmarks
 from bcr_core.runs.run_settings import RUN, check_run, settings_record
 from bcr_core.setting_kinds import SettingError
 
@@ -61,11 +60,6 @@ class Cell(settings_record("CellFields", leave_out=NOT_CELL)):
             raise SettingError(
                 "reference", f"{self.reference} is not among the conditions: {', '.join(self.conditions)}"
             )
-
-    @property
-    def extra(self) -> dict:
-        """The load options that draw the items (the synthetic task's seed; nothing for fixed data)."""
-        return benchmarks.item_draw(self.benchmark, self.item_seed)
 
     def record(self) -> dict:
         """`cell.json`'s settings: every field under its committed name, the item draw as `extra`."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from bcr_core.agents.graph import full_connected
 from bcr_core.conditions import parse, split_conditions
-from bcr_core.data.benchmarks import NAMES
+from bcr_core.data.benchmarks import NAMES, item_draw
 from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
 from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.engine.stopping import DEFAULT_RULE, RULES
@@ -110,8 +110,10 @@ def check_run(settings: dict, label=cli_label) -> dict:
 def settings_record(name: str, leave_out: tuple[str, ...] = ()) -> type:
     """A frozen, keyword-only dataclass with one field per `RUN` setting but `leave_out`, in `RUN`'s
     order, at `RUN`'s default; a required setting left out of a record raises a SettingError naming
-    it. Records subclass it for their methods; a subclass's `check()` runs when a record is made (the
-    generated `__init__` calls the `__post_init__` its class had when generated, which is this one)."""
+    it. A record with `benchmark` and `item_seed` has `extra`, the load options that draw its items
+    (`data.benchmarks.item_draw`: the synthetic task's seed, nothing for fixed data). Records
+    subclass it for their methods; a subclass's `check()` runs when a record is made (the generated
+    `__init__` calls the `__post_init__` its class had when generated, which is this one)."""
     unknown = [key for key in leave_out if key not in RUN]
     if unknown:
         raise KeyError(f"not run settings: {unknown}")
@@ -125,4 +127,6 @@ def settings_record(name: str, leave_out: tuple[str, ...] = ()) -> type:
 
     fields = [(key, Any, field(default=setting.default)) for key, setting in kept.items()]
     namespace = {"__post_init__": post_init, "check": lambda record: None}
+    if "benchmark" in kept and "item_seed" in kept:
+        namespace["extra"] = property(lambda record: item_draw(record.benchmark, record.item_seed))
     return make_dataclass(name, fields, frozen=True, kw_only=True, namespace=namespace)
