@@ -308,6 +308,32 @@ def test_verdicts_are_one_holm_family_and_ours_is_read_on_the_second_half():
     assert table[table["claim"] == "draft beats coin"].iloc[0]["verdict"] == "holds"
 
 
+def test_each_pair_is_asked_once_so_holm_counts_five_questions_not_six():
+    n = 12  # 2^12 sign patterns: scipy enumerates them, so a split all one way has p = 2 / 4096
+    kl = {
+        "oracle": [0.1] * n,
+        "draft": [0.5 + 0.01 * i for i in range(n)],
+        "coin:seed=0": [1.0 + 0.02 * i for i in range(n)],
+        "ours": [0.9] * (n // 2) + [0.2] * (n // 2),
+    }
+    table = measures.verdicts(measures.arena_frame(fake_calls(kl))).set_index("claim")
+    asked = {"kv-error beats draft", "ours beats draft", "kv-error beats coin", "draft beats coin", "ours beats coin"}
+    assert set(table.index) == asked  # "coin beats draft" is "draft beats coin" read backwards: not asked again
+    # Holm over five p's, three of them 2/4096 (every item one way) and two 2/64 (ours, on six items)
+    assert table.loc["draft beats coin", "p"] == pytest.approx(2 / 4096)
+    assert table.loc["draft beats coin", "p_holm"] == pytest.approx(5 * 2 / 4096)
+    assert table.loc["ours beats coin", "p_holm"] == pytest.approx(max(2 * 2 / 64, 5 * 2 / 4096))
+
+
+def test_a_p_at_the_sign_flip_floor_is_printed_as_the_floor_not_as_a_value():
+    from bcr_core.arena.report import verdict_markdown
+
+    n = 30  # too many items to enumerate: 20,000 random flips, none as far out as every item one way
+    kl = {"draft": [0.5 + 0.01 * i for i in range(n)], "coin:seed=0": [1.0 + 0.02 * i for i in range(n)]}
+    line = verdict_markdown(measures.arena_frame(fake_calls(kl)))
+    assert line.startswith("- draft beats coin: **holds**") and "p < 0.0001, Holm < 0.0001)" in line
+
+
 @pytest.mark.parametrize(
     ("ids", "read"),
     [

@@ -15,10 +15,12 @@
 - `frontier`: per selector and budget of the sweep, rows per call against per-item KL.
 - `verdicts`: every selector against the draft and against the coin, per-item KL differences by a
   sign-flip test over items with a bootstrap interval (`protocol.mean_claim`), the whole table one
-  Holm family (`protocol.decide`). `ours` is pre-registered: its rows are read on the second half of
-  the run's items (item index >= n / 2, n the run's items) only, whatever they say; the others on
-  every item. A run whose items are all of a synthetic item seed other than the one `ours` was
-  designed on (seed 0) is its confirmation: there `ours` is read on every item (`fresh_items`).
+  Holm family (`protocol.decide`) in which each pair is asked once ("draft beats coin", never also
+  "coin beats draft": the same test twice would only widen the family). `ours` is pre-registered:
+  its rows are read on the second half of the run's items (item index >= n / 2, n the run's items)
+  only, whatever they say; the others on every item. A run whose items are all of a synthetic item
+  seed other than the one `ours` was designed on (seed 0) is its confirmation: there `ours` is read
+  on every item (`fresh_items`).
   `searched` is in no verdict: it is at most every selector's KL by construction.
 
 Stored labels are read under today's names (`registry.current_label`: records written before the
@@ -222,7 +224,9 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     for against in (DRAFT, COIN):
         if against not in kl:
             continue
-        for selector in [c for c in kl.columns if c != against and not is_searched(c)]:
+        # each pair is asked once: the draft against the coin, as the paper puts it, not the reverse too
+        skip = {against, COIN if against == DRAFT else against}
+        for selector in [c for c in kl.columns if c not in skip and not is_searched(c)]:
             items = held_out(kl, frame) if selector == OURS else kl
             gain = (items[against] - items[selector]).to_numpy()  # + = the selector leaves less KL
             test = f"{selector} vs {against}: per-item mean KL at the {budget} count, sign-flip over items"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.analysis.claims_report import model_of, p_text, transfer, transfer_markdown
+from bcr_core.analysis.claims_report import model_of, p_texts, transfer, transfer_markdown
 from bcr_core.arena import ceiling, measures
 from bcr_core.arena.copies import PAIRED
 from bcr_core.errors import UsageError
@@ -80,7 +80,8 @@ def verdict_markdown(frame: pd.DataFrame) -> str:
     lines = []
     for r in measures.verdicts(frame).itertuples():
         effect = "" if pd.isna(r.effect) else f" ({r.effect:+.4f} [{r.ci_lo:+.4f}, {r.ci_hi:+.4f}]"
-        effect += "" if not effect else f", p {p_text(r.p)}, Holm {p_text(r.p_holm)})"
+        raw, holm = p_texts(r)
+        effect += "" if not effect else f", p {raw}, Holm {holm})"
         on = f", read on the {r.read_on}" if isinstance(r.read_on, str) and r.read_on else ""
         lines.append(f"- {r.claim}: **{r.verdict}**{effect}{on}")
     return "\n".join(lines)
