@@ -410,12 +410,20 @@ def test_notebook_11_runs_headless_in_smoke_mode(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "folder", ["arena", "arena-gemma-3-270m", "ours-confirmation/smollm2-135m", "ours-confirmation/gemma-3-270m"]
+    "folder",
+    [
+        "arena",
+        "arena-gemma-3-270m",
+        "arena-gemma-3-270m-bos",
+        "ours-confirmation/smollm2-135m",
+        "ours-confirmation/gemma-3-270m",
+    ],
 )
 def test_the_committed_arena_gives_the_documented_table(folder):
-    """results/arena (SmolLM2-135M), results/arena-gemma-3-270m and the confirmation of `ours` on fresh
-    items hold the arena's compact records; every line docs/results.md shows of each is what
-    `bcr_core.arena.report` computes from them, and every selector spent the paired rows."""
+    """results/arena (SmolLM2-135M), Gemma 3 270M's arenas (behind `<bos>`, and the one made before
+    that fix) and the confirmation of `ours` on fresh items hold the arena's compact records; every
+    line docs/results.md shows of each is what `bcr_core.arena.report` computes from them, and every
+    selector spent the paired rows."""
     from bcr_core.arena import report
     from bcr_core.paths import RESULTS
 
@@ -432,16 +440,21 @@ def test_the_committed_arena_gives_the_documented_table(folder):
 
 
 def test_the_documented_arena_transfer_table_compares_like_with_like():
-    """The two committed arenas differ in their model and their item count only (same task, agents,
-    serving condition, selectors and budgets), and docs/results.md's transfer table is what they give."""
+    """The two arenas of the transfer table differ in model, item count and the prompt and stop rule
+    each model answers under only (same task, agents, serving condition, verdicts' selectors and
+    budgets; Gemma's adds the searched ceiling, in no verdict), and docs/results.md's transfer table
+    is what they give."""
     from bcr_core.arena import report
+    from bcr_core.arena.registry import current_label
     from bcr_core.paths import RESULTS
 
-    folders = [RESULTS / "arena", RESULTS / "arena-gemma-3-270m"]
+    folders = [RESULTS / "arena", RESULTS / "arena-gemma-3-270m-bos"]
     cells = [json.loads((f / "cell.json").read_text()) for f in folders]
     assert [c.pop("model") for c in cells] == ["default", "gemma-3-270m"]
     assert [c.pop("n") for c in cells] == [200, 100]
-    assert cells[0] == cells[1]
+    assert [(c.pop("prompt", None), c.pop("stop", None)) for c in cells] == [(None, None), ("one-shot", "line")]
+    selectors = [[current_label(s) for s in c.pop("selectors") if s != "searched"] for c in cells]
+    assert selectors[0] == selectors[1] and cells[0] == cells[1]
     table = report.transfer_table(folders)
     shown = table[["SmolLM2-135M: verdict", "Gemma 3 270M: verdict"]]
     for (a, b), differ, said in zip(shown.itertuples(index=False), table["diff_p_holm"] < 0.05, table["transfers"]):

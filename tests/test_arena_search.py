@@ -162,6 +162,24 @@ def test_on_an_arena_runs_records_the_searched_kl_is_at_most_every_selectors(tin
     assert "searched" not in " ".join(measures.verdicts(frame)["claim"])
 
 
+@pytest.mark.parametrize("folder", ["arena-gemma-3-270m-bos", "arena-searched"])
+def test_in_the_committed_records_no_selector_leaves_less_kl_than_the_searched_set(folder):
+    """Every committed call and budget: no selector's set at the searched set's row count leaves less KL."""
+    from bcr_core.paths import RESULTS
+    from bcr_core.record_files import read_calls
+
+    calls = [c for c in read_calls(RESULTS / folder / "calls.jsonl") if "arena" in c]
+    assert len(calls) > 40
+    checked = 0
+    for call in calls:
+        best = {e["budget"]: e for e in call["arena"]["entries"] if e["selector"] == "searched"}
+        for e in call["arena"]["entries"]:
+            if e["selector"] != "searched" and e["rows"] == best[e["budget"]]["rows"]:
+                assert best[e["budget"]]["kl"] <= e["kl"] + 1e-9, (call["item_id"], e["selector"], e["budget"])
+                checked += 1
+    assert checked > 10 * len(calls)
+
+
 def test_records_that_call_the_kv_error_rankings_oracles_read_under_todays_names():
     call = {"item_id": "i0", "node": "agent_1"}
     entries = [
