@@ -10,6 +10,7 @@ import shutil
 from types import SimpleNamespace
 
 import nbformat
+import numpy as np
 import pytest
 import torch
 
@@ -323,6 +324,18 @@ def test_each_pair_is_asked_once_so_holm_counts_five_questions_not_six():
     assert table.loc["draft beats coin", "p"] == pytest.approx(2 / 4096)
     assert table.loc["draft beats coin", "p_holm"] == pytest.approx(5 * 2 / 4096)
     assert table.loc["ours beats coin", "p_holm"] == pytest.approx(max(2 * 2 / 64, 5 * 2 / 4096))
+
+
+def test_an_arena_p_near_its_holm_threshold_is_refined_like_the_claims():
+    from bcr_core.analysis import precision
+
+    n, rng = 200, np.random.default_rng(3)
+    d = rng.normal(0, 1, n)
+    gain = d - d.mean() + 1.96 * d.std(ddof=1) / np.sqrt(n)  # p about 0.05, the threshold of a family of one
+    coin = 5.0 + rng.uniform(0, 1, n)
+    table = measures.verdicts(measures.arena_frame(fake_calls({"draft": list(coin - gain), "coin:seed=0": list(coin)})))
+    row = table.set_index("claim").loc["draft beats coin"]
+    assert len(table) == 1 and row["resamples"] > precision.RESAMPLES
 
 
 def test_a_p_at_the_sign_flip_floor_is_printed_as_the_floor_not_as_a_value():

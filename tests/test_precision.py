@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bcr_core.analysis import claims, inference, precision, protocol
+from bcr_core.analysis import inference, precision, protocol
 
 
 def near_threshold_gain(n: int = 200, seed: int = 3) -> np.ndarray:
@@ -39,7 +39,7 @@ def test_a_verdict_near_its_threshold_is_the_same_for_every_resampler_seed():
     for seed in range(3):
         rows = [protocol.mean_claim("near", "", "kl_mean", "", d)]
         rows += [protocol.mean_claim(f"null {k}", "", "kl_mean", "", x - x.mean()) for k, x in enumerate(nulls)]
-        table = claims.family(rows, seed=seed).set_index("claim")  # near is the smallest of 8: threshold 0.05 / 8
+        table = protocol.family(rows, seed=seed).set_index("claim")  # near is the smallest of 8: threshold 0.05 / 8
         assert table.loc["near", "resamples"] > precision.RESAMPLES  # refined past the first draw
         verdicts.add(table.loc["near", "verdict"])
     assert verdicts == {"holds"}  # p about 0.0055 < 0.00625 on every seed

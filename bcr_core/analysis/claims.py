@@ -8,20 +8,17 @@ anything: the records are what they are.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
-from bcr_core.analysis import line, precision, tax
+from bcr_core.analysis import line, tax
 from bcr_core.analysis.protocol import (
-    ALPHA,
     KL_MIN_SHARE,
     MIN_EFFECT,
     ROW_TOLERANCE,
     Verdict,
     binary_claim,
-    decide,
+    family,
     mean_claim,
     paired,
     rows_differ,
@@ -300,28 +297,3 @@ def verdicts(
             target = KL_MIN_SHARE * kl_cost if row.measure == "kl_mean" else MIN_EFFECT
             row.items_needed = inf.mean_items_needed_at(row.per_item, target) if target else None
     return family(rows, seed)
-
-
-def family(rows: list[Verdict], seed: int = 0) -> pd.DataFrame:
-    """Holm over the rows, each resampled p refined until its Monte-Carlo error cannot carry it
-    across its Holm threshold, then every verdict read; per-item values go to `attrs["per_item"]`."""
-    for row in rows:  # another resampler seed redraws every resampled p (the seed sweep's check)
-        if seed and row.resamples:
-            row.p = inf.sign_flip(row.per_item, resamples=row.resamples, seed=seed)
-    for _ in range(4):
-        thresholds = precision.holm_thresholds([r.p for r in rows], ALPHA)
-        moved = False
-        for row, threshold in zip(rows, thresholds):
-            if row.resamples and threshold is not None and precision.close_to(row.p, threshold, row.resamples):
-                p, resamples = precision.refine(row.per_item, row.p, threshold, row.resamples, seed)
-                moved |= resamples != row.resamples
-                row.p, row.resamples = p, resamples
-        if not moved:
-            break
-    for row, adjusted in zip(rows, inf.holm([r.p for r in rows])):
-        row.p_holm = adjusted
-        decide(row)
-    table = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in ("per_item", "parts")} for r in rows])
-    table.attrs["per_item"] = {r.claim: r.per_item for r in rows if r.per_item is not None}
-    table.attrs["parts"] = {r.claim: r.parts for r in rows if r.parts is not None}
-    return table

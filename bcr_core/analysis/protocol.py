@@ -30,12 +30,13 @@ The rules (paper §4, App. D), the same for every row:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
+from bcr_core.analysis import precision
 from bcr_core.analysis.precision import RESAMPLES, exact
 from bcr_core.analysis.stats import mcnemar_exact
 
@@ -173,3 +174,28 @@ def rows_text(calls, a: str, b: str, item_ids) -> str:
 def rows_differ(calls, a: str, b: str, item_ids) -> bool:
     ra, rb = realised_rows(calls, a, item_ids)[0], realised_rows(calls, b, item_ids)[0]
     return abs(ra - rb) > ROW_TOLERANCE * max(ra, rb, 1e-9)
+
+
+def family(rows: list[Verdict], seed: int = 0) -> pd.DataFrame:
+    """Holm over the rows, each resampled p refined until its Monte-Carlo error cannot carry it
+    across its Holm threshold, then every verdict read; per-item values go to `attrs["per_item"]`."""
+    for row in rows:  # another resampler seed redraws every resampled p (the seed sweep's check)
+        if seed and row.resamples:
+            row.p = inf.sign_flip(row.per_item, resamples=row.resamples, seed=seed)
+    for _ in range(4):
+        thresholds = precision.holm_thresholds([r.p for r in rows], ALPHA)
+        moved = False
+        for row, threshold in zip(rows, thresholds):
+            if row.resamples and threshold is not None and precision.close_to(row.p, threshold, row.resamples):
+                p, resamples = precision.refine(row.per_item, row.p, threshold, row.resamples, seed)
+                moved |= resamples != row.resamples
+                row.p, row.resamples = p, resamples
+        if not moved:
+            break
+    for row, adjusted in zip(rows, inf.holm([r.p for r in rows])):
+        row.p_holm = adjusted
+        decide(row)
+    table = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in ("per_item", "parts")} for r in rows])
+    table.attrs["per_item"] = {r.claim: r.per_item for r in rows if r.per_item is not None}
+    table.attrs["parts"] = {r.claim: r.parts for r in rows if r.parts is not None}
+    return table

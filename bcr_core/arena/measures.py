@@ -15,8 +15,9 @@
 - `frontier`: per selector and budget of the sweep, rows per call against per-item KL.
 - `verdicts`: every selector against the draft and against the coin, per-item KL differences by a
   sign-flip test over items with a bootstrap interval (`protocol.mean_claim`), the whole table one
-  Holm family (`protocol.decide`) in which each pair is asked once ("draft beats coin", never also
-  "coin beats draft": the same test twice would only widen the family). `ours` is pre-registered:
+  Holm family (`protocol.family`, which refines a p near its Holm threshold) in which each pair is
+  asked once ("draft beats coin", never also "coin beats draft": the same test twice would only
+  widen the family). `ours` is pre-registered:
   its rows are read on the second half of the run's items (item index >= n / 2, n the run's items)
   only, whatever they say; the others on every item. A run whose items are all of a synthetic item
   seed other than the one `ours` was designed on (seed 0) is its confirmation: there `ours` is read
@@ -33,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
-from bcr_core.analysis.protocol import Verdict, decide, mean_claim
+from bcr_core.analysis.protocol import Verdict, family, mean_claim
 from bcr_core.arena.copies import PAIRED
 from bcr_core.arena.registry import current_label
 from bcr_core.errors import UsageError
@@ -238,10 +239,7 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
             row.evidence = f"mean per-item KL {items[selector].mean():.5f} vs {items[against].mean():.5f}"
             row.read_on = ours_read_on(frame) if selector == OURS else ""
             rows.append(row)
-    for row, p in zip(rows, inf.holm([r.p for r in rows])):
-        row.p_holm = p
-        decide(row)
-    return pd.DataFrame([{k: v for k, v in vars(r).items() if k not in ("per_item", "parts")} for r in rows])
+    return family(rows)
 
 
 def read_arena(folder) -> pd.DataFrame:
