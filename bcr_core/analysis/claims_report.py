@@ -180,10 +180,10 @@ def label_of(folder) -> str:
     return model_of(folder) + (f" ({note})" if note else "")
 
 
-def transfer(verdicts: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def transfer(verdicts: dict[str, pd.DataFrame], test_difference: bool = True) -> pd.DataFrame:
     """The transfer table: each model's verdicts (its own Holm family) and one paired test per claim
     of the difference of the two models' per-item values (`bcr_core.analysis.transfer.transfer`)."""
-    return transfer_test.transfer(verdicts)
+    return transfer_test.transfer(verdicts, test_difference)
 
 
 def model_effect(row, model: str) -> str:

@@ -85,10 +85,10 @@ def reading(verdicts: list[str], rejects: bool | None) -> str:
     return "no: the effects differ" if rejects else "yes"
 
 
-def transfer(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def transfer(tables: dict[str, pd.DataFrame], test_difference: bool = True) -> pd.DataFrame:
     """Per claim, each model's verdict, effect and n, the difference test of the first two models'
-    per-item values (tables from `claims.verdicts`, whose `attrs["per_item"]` hold them), its Holm p
-    over the table, and whether the claim transfers."""
+    per-item values (tables from `claims.verdicts`, whose `attrs["per_item"]` hold them; none where
+    `test_difference` is off), its Holm p over the table, and whether the claim transfers."""
     models = list(tables)
     claims_in_order = list(dict.fromkeys(c for table in tables.values() for c in table["claim"]))
     rows = []
@@ -101,9 +101,11 @@ def transfer(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 row[f"{model}: {field}"] = None if mine is None else getattr(mine, field)
         values = [tables[m].attrs.get("per_item", {}).get(claim) for m in models[:2]]
         parts = [tables[m].attrs.get("parts", {}).get(claim) for m in models[:2]]
-        if len(models) > 1 and all(v is not None for v in parts):
+        if not test_difference or len(models) < 2:
+            pass
+        elif all(v is not None for v in parts):
             row |= share_difference(*parts)
-        elif len(models) > 1 and all(v is not None for v in values):
+        elif all(v is not None for v in values):
             row |= difference(*values)
         rows.append(row)
     out = pd.DataFrame(rows)

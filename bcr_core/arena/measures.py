@@ -17,11 +17,10 @@
   sign-flip test over items with a bootstrap interval (`protocol.mean_claim`), the whole table one
   Holm family (`protocol.family`, which refines a p near its Holm threshold) in which each pair is
   asked once ("draft beats coin", never also "coin beats draft": the same test twice would only
-  widen the family). `ours` is pre-registered:
-  its rows are read on the second half of the run's items (item index >= n / 2, n the run's items)
-  only, whatever they say; the others on every item. A run whose items are all of a synthetic item
-  seed other than the one `ours` was designed on (seed 0) is its confirmation: there `ours` is read
-  on every item (`fresh_items`).
+  widen the family). `ours` is pre-registered: its rows are read on the second half of the run's
+  items (item index >= n / 2, n the run's items) only, whatever they say; the others on every item.
+  A run whose items are all of a synthetic item seed other than the one `ours` was designed on
+  (seed 0) is its confirmation: there `ours` is read on every item (`fresh_items`).
   `searched` is in no verdict: it is at most every selector's KL by construction.
 
 Stored labels are read under today's names (`registry.current_label`: records written before the
@@ -226,7 +225,7 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
         if against not in kl:
             continue
         # each pair is asked once: the draft against the coin, as the paper puts it, not the reverse too
-        skip = {against, COIN if against == DRAFT else against}
+        skip = {DRAFT, COIN} if against == DRAFT else {COIN}
         for selector in [c for c in kl.columns if c not in skip and not is_searched(c)]:
             items = held_out(kl, frame) if selector == OURS else kl
             gain = (items[against] - items[selector]).to_numpy()  # + = the selector leaves less KL

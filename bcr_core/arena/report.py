@@ -183,11 +183,10 @@ def transfer_table(folders) -> pd.DataFrame:
     """Every arena verdict on each folder's model side by side, and whether it transfers (same
     verdict on every model); the folders' models must differ."""
     verdicts = {model_of(f): measures.verdicts(measures.read_arena(f)) for f in folders}
-    for table in verdicts.values():  # KL effects are on each model's own scale (Gemma's ~8x SmolLM2's):
-        table.attrs.pop("per_item", None)  # a paired test of their difference would test the scale
     if len(verdicts) < len(folders):
         raise UsageError("two arena folders hold the same model: a transfer table compares models")
-    return transfer(verdicts)
+    # no difference test: a per-item KL effect is on its model's own scale (Gemma's ~8x SmolLM2's)
+    return transfer(verdicts, test_difference=False)
 
 
 def transfer_lines(folders) -> str:
