@@ -14,6 +14,7 @@ from bcr_core import paper
 from bcr_core.commands import (
     REPORTS,
     cmd_arena,
+    cmd_arena_merge,
     cmd_calibrate,
     cmd_demo,
     cmd_explore,
@@ -142,9 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the whole field; see bcr_core.arena.registry)",
     )
     arena.add_argument("--seeds", default=None, help="comma-separated seeds: a coin without a seed runs once per seed")
+    arena.add_argument(
+        "--shard",
+        default="",
+        help="K/M: this process is lane K of M (from 0); it serves every item and measures those whose index "
+        "is K mod M, in its own --out; join the lanes with `bcr arena-merge`",
+    )
     add_prompt_and_stop(arena)
     add_common(arena)
     arena.set_defaults(run=cmd_arena)
+
+    merge = sub.add_parser("arena-merge", help="join the lanes of a split `bcr arena --shard` into one run folder")
+    merge.add_argument("lanes", nargs="+", type=Path, metavar="LANE", help="the M lanes' --out folders")
+    merge.add_argument("--out", type=Path, required=True, help="the joined run folder (rewritten on every merge)")
+    add_common(merge)
+    merge.set_defaults(run=cmd_arena_merge)
 
     calibrate = sub.add_parser(
         "calibrate",

@@ -101,6 +101,7 @@ def cmd_arena(args) -> int:
         args.gamma,
         args.prompt,
         args.stop,
+        args.shard,
     )
     run_arena(load_backbone(args.model), cell, args.out, progress=True)
     calls = read_calls(args.out / "calls.jsonl")
@@ -115,6 +116,17 @@ def cmd_arena(args) -> int:
         return 0
     table = selector_table(arena_frame(calls))
     return print_table(table, args, digits=4)
+
+
+def cmd_arena_merge(args) -> int:
+    from bcr_core.arena.shards import merge
+
+    joined = merge(args.lanes, args.out)
+    if args.json:
+        print(json.dumps({"out": str(args.out), "items": joined}))
+    else:
+        print(f"bcr arena-merge: {joined} items of {len(args.lanes)} lanes joined in {args.out}")
+    return 0
 
 
 def cmd_calibrate(args) -> int:

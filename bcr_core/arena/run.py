@@ -6,7 +6,8 @@ written by the runner's own machinery (`RunFiles`: settings, lock, append, resum
 stateful server): `items.jsonl` and `calls.jsonl` as `bcr run` writes them, each assembled call's
 record holding one more field, `arena` (`copies.run_call`'s measures). The arena only reads the
 call's trace, so the run's outputs, and every downstream agent's prompt, are those of a plain
-BCR-chunk run: pairing is exact. Items run one at a time in order (batch 1).
+BCR-chunk run: pairing is exact. Items run one at a time in order (batch 1). A run can be split
+across processes (`shard`, see `shards`): each serves every item and measures its share.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bcr_core import paper
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
+from bcr_core.arena.shards import owns, parse_shard
 from bcr_core.conditions import make_server, parse
 from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT
@@ -40,13 +42,16 @@ RHOS = (0.05, 0.1, 0.2, 0.4)
 @dataclass(frozen=True, kw_only=True)
 class ArenaCell(Cell):
     """A `bcr run` cell (one BCR-chunk condition, fidelity on) and the arena's settings, all of
-    which are the run folder's identity: resuming with other selectors or budgets is refused."""
+    which are the run folder's identity: resuming with other selectors or budgets is refused. `shard`
+    ("K/M", `shards`) makes the run one lane of a split; "" runs the arena on every item."""
 
     selectors: tuple[str, ...] = ()
     rhos: tuple[float, ...] = RHOS
+    shard: str = ""
 
     def check(self):
         super().check()
+        parse_shard(self.shard)
         for rho in self.rhos:
             check_rho(rho)
         object.__setattr__(self, "rhos", tuple(float(rho) for rho in self.rhos))
@@ -68,9 +73,11 @@ def make_arena_cell(
     gamma: float | None = None,
     prompt: str = DEFAULT_PROMPT,
     stop: str = DEFAULT_RULE,
+    shard: str = "",
 ) -> ArenaCell:
     """The arena's cell; every setting is checked here, before a model is loaded or a folder touched.
     `gamma` sets KVComm's gate (default: the paper's)."""
+    parse_shard(shard)
     check_rho(rho)
     for r in rhos:
         check_rho(r)
@@ -95,6 +102,7 @@ def make_arena_cell(
         stop=stop,
         selectors=labels,
         rhos=tuple(rhos),
+        shard=shard,
     )
 
 
@@ -106,12 +114,13 @@ class KeptReference(SharedReference):
 
 
 def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell, index: int) -> list[dict]:
-    """The item's call records, each assembled call's with its `arena` field."""
+    """The item's call records, each assembled call's with its `arena` field where this lane
+    measures the item."""
     chunk = parse(cell.conditions[0]).option("chunk")
     out = []
     for number, call in enumerate(request.calls):
         record = call.to_dict() | {"item_id": request.item_id}
-        if call.trace is not None:
+        if call.trace is not None and owns(cell.shard, index):
             dense = DenseReference(bb, reference.record(call.dense_ids, cell.max_new_tokens), cell.max_new_tokens)
             arena = ArenaCall(
                 call.trace.assembled, call.merged_ids, call.segment_map, len(call.repaired_rows), (index, number)
