@@ -1,6 +1,8 @@
 """Where a checkout keeps what the package reads (the folders next to `bcr_core/`), and how a file
 is written so that no reader, and no crash, ever leaves half of it at its name."""
 
+import os
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,14 +18,21 @@ RESULTS = CHECKOUT / "results"
 @contextmanager
 def written_whole(path: Path) -> Iterator[Path]:
     """A sibling path to write `path`'s new content to; it takes `path`'s name only when the block
-    finishes, so `path` holds the old content or the whole new one. A failed block leaves no sibling."""
-    partial = path.with_name(path.name + ".partial")
+    finishes, so `path` holds the old content or the whole new one. A failed block leaves no sibling.
+    Writers running at once (two lanes fetching the model on first use) each write their own sibling,
+    and the last to finish gives `path` its content."""
+    partial = partial_sibling(path)
     try:
         yield partial
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     partial.replace(path)
+
+
+def partial_sibling(path: Path) -> Path:
+    """A name beside `path` that no other writer, in this process or another, is using."""
+    return path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
 
 
 def utf8_text(path: Path, expected: str) -> str:

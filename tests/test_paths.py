@@ -33,3 +33,14 @@ def test_a_new_file_appears_only_whole(tmp_path):
         partial.write_bytes(b"x" * 10)
         raise OSError("disk full")
     assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_two_writers_at_once_each_finish_and_the_last_one_wins(tmp_path):
+    path = tmp_path / "model.gguf"  # two lanes fetching the model on first use, interleaved
+    with written_whole(path) as first:
+        first.write_bytes(b"A")
+        with written_whole(path) as second:
+            second.write_bytes(b"B")
+        assert path.read_bytes() == b"B"
+    assert path.read_bytes() == b"A"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
