@@ -62,7 +62,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bcr_core.analysis.summary import condition_table
+    from bcr_core.analysis.summary import write_summary
     from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
     from bcr_core.runs.cell import RunSettings
@@ -75,9 +75,7 @@ def cmd_run(args) -> int:
     run = RunSettings(**settings)
     cell = run.cell()  # every setting and condition checked before the model loads
     items = run_cell(load_backbone(cell.model), cell, args.out, progress=True, batch=run.batch)
-    table = condition_table(items, args.reference)
-    (args.out / "summary.csv").write_text(table.to_csv(index=False))
-    return print_table(table, args, digits=3)
+    return print_table(write_summary(items, args.reference, args.out), args, digits=3)
 
 
 def cmd_arena(args) -> int:

@@ -10,6 +10,8 @@ with its meaning, in the order the columns appear). A table asks for column grou
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -144,6 +146,13 @@ def condition_table(
     wanted = set(BASE).union(*(GROUPS[g] for g in groups))
     present = set().union(*rows)
     return pd.DataFrame(rows).reindex(columns=[c for c in COLUMNS if c in wanted and c in present])
+
+
+def write_summary(items: pd.DataFrame, reference: str, folder: Path) -> pd.DataFrame:
+    """A run folder's `summary.csv`: the `condition_table` of its items, which it returns."""
+    table = condition_table(items, reference)
+    (Path(folder) / "summary.csv").write_text(table.to_csv(index=False))
+    return table
 
 
 def base_columns(mine: pd.DataFrame) -> dict:

@@ -6,18 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
-from bcr_core.analysis.summary import condition_table
+from bcr_core.analysis.summary import write_summary
 from bcr_core.engine.loading import shared_backbone
 from bcr_core.runs.grid_file import GridCell
 from bcr_core.runs.runner import run_cell
-
-
-def write_summary(grid_cell: GridCell, folder: Path, items: pd.DataFrame) -> None:
-    """summary.csv, as `bcr run` writes it."""
-    (folder / "summary.csv").write_text(condition_table(items, grid_cell.cell.reference).to_csv(index=False))
-
 
 # ---------------------------------------------------------------- running one cell
 
@@ -35,5 +27,5 @@ def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item
         label=grid_cell.name,
         on_item=on_item,
     )
-    write_summary(grid_cell, folder, items)
+    write_summary(items, grid_cell.cell.reference, folder)
     return len(items)
