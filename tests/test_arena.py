@@ -455,7 +455,7 @@ def test_the_committed_arena_gives_the_documented_table(folder):
 def test_the_documented_arena_transfer_table_compares_like_with_like():
     """The two arenas of the transfer table differ in model, item count and the prompt and stop rule
     each model answers under only (same task, agents, serving condition, verdicts' selectors and
-    budgets; Gemma's adds the searched ceiling, in no verdict), and docs/results.md's transfer table
+    budgets; both hold the searched ceiling, in no verdict), and docs/results.md's transfer table
     is what they give."""
     from bcr_core.arena import report
     from bcr_core.arena.registry import current_label

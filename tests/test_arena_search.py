@@ -171,7 +171,7 @@ def test_on_an_arena_runs_records_the_searched_kl_is_at_most_every_selectors(tin
     assert "searched" not in " ".join(measures.verdicts(frame)["claim"])
 
 
-@pytest.mark.parametrize("folder", ["arena-gemma-3-270m-bos", "arena-searched"])
+@pytest.mark.parametrize("folder", ["arena-gemma-3-270m-bos", "arena"])
 def test_in_the_committed_records_no_selector_leaves_less_kl_than_the_searched_set(folder):
     """Every committed call and budget: no selector's set at the searched set's row count leaves less KL."""
     from bcr_core.paths import RESULTS
