@@ -2,6 +2,7 @@
 is written so that no reader, and no crash, ever leaves half of it at its name."""
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,14 +21,22 @@ def written_whole(path: Path) -> Iterator[Path]:
     """A sibling path to write `path`'s new content to; it takes `path`'s name only when the block
     finishes, so `path` holds the old content or the whole new one. A failed block leaves no sibling.
     Writers running at once (two lanes fetching the model on first use) each write their own sibling,
-    and the last to finish gives `path` its content."""
+    and the last to finish gives `path` its content. The block may make the sibling a directory (a
+    converted model): it then replaces the directory at `path`."""
     partial = partial_sibling(path)
     try:
         yield partial
     except BaseException:
-        partial.unlink(missing_ok=True)
+        if partial.is_dir():
+            shutil.rmtree(partial)
+        else:
+            partial.unlink(missing_ok=True)
         raise
-    partial.replace(path)
+    if partial.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+        partial.rename(path)
+    else:
+        partial.replace(path)
 
 
 def partial_sibling(path: Path) -> Path:

@@ -44,3 +44,19 @@ def test_two_writers_at_once_each_finish_and_the_last_one_wins(tmp_path):
         assert path.read_bytes() == b"B"
     assert path.read_bytes() == b"A"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+
+
+def test_a_directory_replaces_the_old_one_whole_and_a_failed_one_leaves_nothing(tmp_path):
+    path = tmp_path / "model"  # a converted model: config and weights, written as one directory
+    path.mkdir()
+    (path / "config.json").write_text("old")
+    with pytest.raises(KeyboardInterrupt), written_whole(path) as partial:
+        partial.mkdir()
+        (partial / "config.json").write_text("half")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"] and (path / "config.json").read_text() == "old"
+    with written_whole(path) as partial:
+        partial.mkdir()
+        (partial / "weights.safetensors").write_text("new")
+    assert sorted(p.name for p in path.iterdir()) == ["weights.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -19,7 +19,6 @@ A model is named by one string:
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
@@ -28,7 +27,7 @@ import torch
 
 from bcr_core.engine.architectures import ModelError, check_architecture, check_config_file, first_line, raw_config
 from bcr_core.engine.assets import GEMMA3_270M_GGUF, SMOLLM2_GGUF, cache_dir, fetch, fetch_split, sha256_of
-from bcr_core.paths import partial_sibling
+from bcr_core.paths import written_whole
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
@@ -129,15 +128,9 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     del model.config.quantization_config
     model.hf_quantizer = None
-    partial = partial_sibling(target)  # its own name: two processes may convert at once
-    try:
+    with written_whole(target) as partial:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
 
 
 def resolve(model: str | None) -> str:
