@@ -33,13 +33,14 @@ def cmd_verify(args) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        print(f"model: {report.model}")
+        print(f"model: {report.model} ({report.dtype})")
         print(
             f"full repair (rho = 1) token-identical to Dense over {report.tokens_compared} tokens: "
             f"{report.full_repair_token_identical}"
         )
         print(f"  unrepaired (foreign-prefix) cache identical to Dense: {report.unrepaired_token_identical}")
-        print(f"  max |repaired - dense| over all layers: {report.repair_max_abs_err:.2e}")
+        print(f"  max |repaired - dense| over all layers, one kernel: {report.repair_max_abs_err:.2e} (exact: 0)")
+        print(f"  max |dense - dense| across the default and the repair's kernel: {report.kernel_max_abs_err:.2e}")
         print(
             f"re-rotation max abs error: {report.rerotation_max_abs_err:.2e} "
             f"(tolerance {report.rerotation_tolerance:.0e})"

@@ -36,11 +36,13 @@ from transformers import DynamicCache
 
 from bcr_core import paper
 from bcr_core.engine.architectures import CONFIG_PREFIX, check_architecture, config_only, config_tokenizer_dir
+from bcr_core.engine.capacity import kv_shape
 from bcr_core.engine.chat import render_messages
 from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
-from bcr_core.engine.kv import KV
+from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, default_dtype, embedded_model_dir, load_pretrained
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
+from bcr_core.engine.static import Steps
 from bcr_core.engine.stopping import StopRule
 from bcr_core.engine.windows import mask_argument
 
@@ -73,24 +75,6 @@ def repair_mask(positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return positions[None, :] <= positions[rows][:, None]
 
 
-class RowWriteCache(DynamicCache):
-    """The cache of a repair: each layer's fresh keys/values of the selected rows are written over
-    their stale copies in `keys`/`values` (L, B, H, T, D), which the layer then attends to."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
-        super().__init__()
-        self.keys, self.values, self.rows = keys, values, rows
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys.index_copy_(2, self.rows, key_states)
-        values.index_copy_(2, self.rows, value_states)
-        return keys, values
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.keys.shape[3]
-
-
 class FirstLayersCached(Exception):
     """Raised by `FirstLayersCache` once the layers asked for are cached: the forward ends there."""
 
@@ -117,6 +101,7 @@ class Backbone:
         self.name = name
         self.config = model.config
         self.rotations = layer_rotations(model)
+        self.steps = Steps(self)
 
     @classmethod
     def load(cls, model: str | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
@@ -190,6 +175,19 @@ class Backbone:
         return KV.from_cache(cache, positions)
 
     @torch.inference_mode()
+    def reference_prefill(self, ids) -> KV:
+        """Dense through the repair's own kernel: every row of an empty cache recomputed, the repair's
+        recompute at rho = 1. What a full repair must equal bit for bit, in every dtype and on every
+        device: `prefill` runs the model's default attention kernel (a causal flash kernel on a GPU),
+        whose rounding in half precision differs from the repair's masked query blocks, so comparing a
+        repair with it tests the kernels, not the repair."""
+        ids = as_ids(ids, self.device)
+        n = ids.numel()
+        blank = torch.zeros(kv_shape(self.config, n), dtype=self.dtype, device=self.device)
+        rows = torch.arange(n, device=self.device)
+        return self._recompute(KV(blank, blank.clone(), rows), ids, rows)
+
+    @torch.inference_mode()
     def extend(self, kv: KV, ids) -> KV:
         """`kv`'s rows followed by `ids` prefilled after them, at positions from `kv.next_position`:
         a prefix cache extended instead of prefilling the whole prompt again (serving engines' prefix
@@ -232,7 +230,9 @@ class Backbone:
         ids = as_ids(ids, self.device)
         if ids.numel() != kv.length:
             raise ValueError(f"repair needs one token id per cache row: got {ids.numel()} ids for {kv.length} rows")
-        rows = self._check_rows(rows, kv.length)
+        return self._recompute(kv, ids, self._check_rows(rows, kv.length), query_block)
+
+    def _recompute(self, kv: KV, ids: torch.Tensor, rows: torch.Tensor, query_block: int = QUERY_BLOCK) -> KV:
         positions = kv.positions.to(self.device)
         repaired = kv.clone()
         allowed = repair_mask(positions, rows)
@@ -253,20 +253,23 @@ class Backbone:
         """Generate k tokens greedily; return them and the k queries' attention over the cached rows.
 
         Step 1 feeds the prompt's final token, step t > 1 the (t-1)-th drafted one, so at k = 2 the
-        queries are one prompt-side and one answer-side (paper App. A.2). `kv` is left untouched.
+        queries are one prompt-side and one answer-side (paper App. A.2). Each step is the serving
+        path's fixed-shape step (`engine.static`) through an eager kernel that returns weights; `kv` is
+        copied into the step's slab, so it is left untouched.
         """
         if k < 1:
             raise ValueError(f"draft length k must be >= 1, got {k}")
-        cache, position, token = kv.to_cache(room=k), kv.next_position, int(last_id)
+        position, token = kv.next_position, int(last_id)
         tokens, attention = [], []
-        with self.attention_implementation(GROUPED_EAGER):
+        with self.steps.lock, self.attention_implementation(GROUPED_EAGER):
+            slab = self.steps.slab(kv, room=k)
             for _ in range(k):
-                out = self._step(cache, token, position, output_attentions=True)
-                attention.append(torch.stack([a[0, :, -1, : kv.length] for a in out.attentions]))
-                token = int(out.logits[0, -1].argmax())
+                logits, weights = self.steps(slab, [token], position, attentions=True)
+                attention.append(weights[:, -1, :, : kv.length].to(torch.float32, copy=True))
+                token = int(logits[0].argmax())
                 tokens.append(token)
                 position += 1
-        return Draft(tokens, torch.stack(attention, dim=1).float())
+        return Draft(tokens, torch.stack(attention, dim=1))
 
     @torch.inference_mode()
     def generate(
@@ -285,27 +288,31 @@ class Backbone:
         `stop_ids` default to the model's eos; pass () to never stop early. `stop_rule` (see
         `engine.stopping`) also stops after a token, judged on `prior` (the answer's tokens decoded
         before this request) and the tokens so far. `forced` teacher-forces the given continuation
-        instead of the argmax (for next-token KL against a reference).
+        instead of the argmax (for next-token KL against a reference). Every step is the serving path's
+        fixed-shape step over a static cache (`engine.static`): a replayed CUDA graph on a GPU.
         """
         stop = set(self.stop_ids if stop_ids is None else stop_ids)
         steps = max_new_tokens if forced is None else len(forced)
-        cache, position, token = kv.to_cache(room=steps), kv.next_position, int(last_id)
-        tokens, logits, first_token_at = [], [], None
-        for step in range(steps):
-            out = self._step(cache, token, position)
-            step_logits = out.logits[0, -1]
-            token = int(step_logits.argmax()) if forced is None else int(forced[step])
-            if first_token_at is None:
-                first_token_at = time.perf_counter()
-            if keep_logits:
-                logits.append(step_logits.float())
-            if forced is None and token in stop:
-                return Generation(tokens, True, first_token_at, logits, cache)
-            tokens.append(token)
-            position += 1
-            if forced is None and stop_rule is not None and stop_rule([*prior, *tokens]):
-                return Generation(tokens, True, first_token_at, logits, cache)
-        return Generation(tokens, False, first_token_at or time.perf_counter(), logits, cache)
+        position, token = kv.next_position, int(last_id)
+        tokens, logits, first_token_at, stopped = [], [], None, False
+        with self.steps.lock:
+            slab = self.steps.slab(kv, room=steps)
+            for step in range(steps):
+                step_logits = self.steps(slab, [token], position)[0][0]
+                token = int(step_logits.argmax()) if forced is None else int(forced[step])
+                first_token_at = first_token_at or time.perf_counter()
+                if keep_logits:
+                    logits.append(step_logits.to(torch.float32, copy=True))
+                if forced is None and token in stop:
+                    stopped = True
+                    break
+                tokens.append(token)
+                position += 1
+                if forced is None and stop_rule is not None and stop_rule([*prior, *tokens]):
+                    stopped = True
+                    break
+            cache = slab.rows().to_cache()
+        return Generation(tokens, stopped, first_token_at or time.perf_counter(), logits, cache)
 
     def forced_logits(self, kv: KV, last_id: int, tokens: list[int]) -> torch.Tensor:
         """Next-token logits (len(tokens), vocab) with `tokens` teacher-forced after `last_id`: what
@@ -338,11 +345,6 @@ class Backbone:
         return kv.with_keys(self.rerotate(kv.keys, delta), kv.positions + delta)
 
     # -- helpers --------------------------------------------------------------------------
-    def _step(self, cache, token: int, position: int, **kwargs):
-        ids = torch.tensor([[token]], device=self.device)
-        pos = torch.tensor([[position]], device=self.device)
-        return self.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
-
     def _positions(self, positions, n: int, start: int) -> torch.Tensor:
         if positions is None:
             return torch.arange(start, start + n, device=self.device)

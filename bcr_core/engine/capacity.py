@@ -9,6 +9,7 @@ Elsewhere, or when the amount cannot be read, nothing is refused.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -18,12 +19,17 @@ from bcr_core.errors import UsageError
 COPIES = 4
 
 
-def row_bytes(config, dtype: torch.dtype) -> int:
-    """Bytes of one cached row (keys and values, every layer) for a model of this config and dtype."""
+def kv_shape(config, rows: int) -> tuple[int, int, int, int, int]:
+    """The shape of a `KV` of `rows` rows for a model of this config: (layers, 1, KV heads, rows, head_dim)."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+    return (config.num_hidden_layers, 1, kv_heads, rows, head_dim)
+
+
+def row_bytes(config, dtype: torch.dtype) -> int:
+    """Bytes of one cached row (keys and values, every layer) for a model of this config and dtype."""
+    return 2 * math.prod(kv_shape(config, 1)) * torch.empty(0, dtype=dtype).element_size()
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -121,6 +121,24 @@ def cache_over(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicC
     return cache
 
 
+class RowWriteCache(DynamicCache):
+    """The cache of a repair: each layer's fresh keys/values of the selected rows are written over
+    their stale copies in `keys`/`values` (L, B, H, T, D), which the layer then attends to."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.rows = keys, values, rows
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.rows, key_states)
+        values.index_copy_(2, self.rows, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.keys.shape[3]
+
+
 class GrowingLayer(DynamicLayer):
     """A dynamic cache layer preallocated with room for more rows: `update` writes the new rows into
     the buffer and returns views of the filled part, instead of concatenating a new copy each step.

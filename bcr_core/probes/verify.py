@@ -1,8 +1,12 @@
 """`bcr verify`: the exactness checks every repair path must pass (paper App. B, "Correctness").
 
 1. Full repair: the prompt's cache computed under a foreign prefix and re-rotated back to
-   position 0 is wrong everywhere past layer 0; recomputing every row (rho = 1) must make greedy
-   generation token-identical to Dense.
+   position 0 is wrong everywhere past layer 0; recomputing every row (rho = 1) must give Dense's cache
+   bit for bit and make greedy generation token-identical to Dense. Dense here runs through the repair's
+   own attention kernel (`Backbone.reference_prefill`): on a GPU in half precision the model's default
+   causal kernel rounds differently from the repair's masked query blocks, and that difference, which
+   greedy decoding amplifies, says nothing about the repair. How far the default kernel's Dense lies from
+   it is reported beside (`kernel_max_abs_err`), and in fp32 held to the re-rotation tolerance.
 2. Re-rotation round trip: keys moved by +d then -d come back to float tolerance.
 3. Placement: a prefix-free cache moved to offset d matches, at layer 0, a dense prefill of the
    same tokens behind a d-token prefix (layer 0 depends only on token and position).
@@ -35,9 +39,11 @@ class VerifyReport:
     tokens_compared: int
     rerotation_max_abs_err: float
     rerotation_tolerance: float
+    dtype: str
+    kernel_max_abs_err: float  # Dense through the model's default kernel vs through the repair's
     unrepaired_token_identical: bool  # informational: the corruption should usually change the answer
     corruption_max_abs_err: float  # how wrong the corrupted cache's values were
-    repair_max_abs_err: float  # fully repaired cache vs the dense one, all layers
+    repair_max_abs_err: float  # fully repaired cache vs Dense through the same kernel, all layers: 0 when exact
     dense_text: str
     repaired_text: str
 
@@ -45,8 +51,10 @@ class VerifyReport:
     def passed(self) -> bool:
         return (
             self.full_repair_token_identical
+            and self.repair_max_abs_err == 0.0
             and self.tokens_compared >= MIN_TOKENS_COMPARED
             and self.rerotation_max_abs_err <= self.rerotation_tolerance
+            and (self.dtype != "float32" or self.kernel_max_abs_err <= self.rerotation_tolerance)
         )
 
     def to_dict(self) -> dict:
@@ -62,12 +70,13 @@ def verify(backbone: Backbone, prompt: str = DEFAULT_PROMPT, new_tokens: int = 3
     ids = bb.chat_ids([{"role": "user", "content": prompt}])
     cached, last = ids[:-1], ids[-1]
     dense = bb.prefill(cached)
+    reference = bb.reference_prefill(cached)
     under_prefix, d = cache_under_prefix(bb, cached)
     corrupted = bb.shift(under_prefix, -d)
     repaired = bb.repair(corrupted, cached, range(len(cached)))
 
     never_stop = ()
-    reference = bb.generate(dense, last, new_tokens, stop_ids=never_stop).tokens
+    from_reference = bb.generate(reference, last, new_tokens, stop_ids=never_stop).tokens
     from_repaired = bb.generate(repaired, last, new_tokens, stop_ids=never_stop).tokens
     from_corrupted = bb.generate(corrupted, last, new_tokens, stop_ids=never_stop).tokens
 
@@ -78,14 +87,16 @@ def verify(backbone: Backbone, prompt: str = DEFAULT_PROMPT, new_tokens: int = 3
 
     return VerifyReport(
         model=bb.name,
-        full_repair_token_identical=from_repaired == reference,
-        tokens_compared=min(len(reference), len(from_repaired)),
+        full_repair_token_identical=from_repaired == from_reference,
+        tokens_compared=min(len(from_reference), len(from_repaired)),
         rerotation_max_abs_err=max(placement_err, round_trip_err),
         rerotation_tolerance=rerotation_tolerance(bb.dtype),
-        unrepaired_token_identical=from_corrupted == reference,
-        corruption_max_abs_err=max_abs(corrupted.values, dense.values),
-        repair_max_abs_err=max_abs(repaired.keys, dense.keys, repaired.values, dense.values),
-        dense_text=bb.decode(reference),
+        dtype=str(bb.dtype).removeprefix("torch."),
+        kernel_max_abs_err=max_abs(dense.keys, reference.keys, dense.values, reference.values),
+        unrepaired_token_identical=from_corrupted == from_reference,
+        corruption_max_abs_err=max_abs(corrupted.values, reference.values),
+        repair_max_abs_err=max_abs(repaired.keys, reference.keys, repaired.values, reference.values),
+        dense_text=bb.decode(from_reference),
         repaired_text=bb.decode(from_repaired),
     )
 

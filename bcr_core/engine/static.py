@@ -1,0 +1,182 @@
+"""The serving path's decode and draft steps: fixed-shape functions over a preallocated static cache.
+
+A served cache is copied once into a `Slab`: key/value buffers with room for every layer's rows up to a
+bucketed capacity (`capacity`), the position each buffer row holds (`row_positions`, a sentinel
+past any position where a row is still empty), and the rows the next step writes (`write_rows`). A step
+(`step`) feeds tokens at explicit positions, writes their keys/values into those rows, and attends over
+the whole buffer through a mask that hides empty and later rows: its shapes depend only on the
+capacity and the number of tokens fed, never on how full the slab is (gpt-fast's `KVCache`, vLLM's
+batch buckets).
+
+So on a GPU one CUDA graph per (capacity, tokens, kernel) is captured at first use and replayed after,
+and the step's host cost (Python through every layer of Hugging Face's forward, 20-35 ms at 8B shapes)
+is paid once, not per token (`Steps`). On a CPU the same function is called plainly, so the CPU tests
+cover what the GPU replays. Slabs are kept per capacity and reused call after call (a graph reads
+fixed addresses); a lock serialises the calls that use them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from bcr_core.engine.kv import KV, RowWriteCache
+from bcr_core.engine.windows import mask_argument
+
+MIN_CAPACITY = 256  # the smallest slab: a short prompt and its answer
+BUCKETS_PER_OCTAVE = 4  # capacities 256, 320, 384, 448, 512, 640, ...: at most 25% of a slab's rows idle
+ROW_GRID = 64  # every capacity is a multiple of this
+EMPTY = 2**62  # the position of an empty buffer row: after every query, so no causal mask lets it through
+
+
+def capacity(rows: int) -> int:
+    """The slab capacity for `rows` rows: the smallest bucket at or above it (a few buckets per octave)."""
+    if rows <= MIN_CAPACITY:
+        return MIN_CAPACITY
+    octave = 2 ** math.floor(math.log2(rows))
+    step = max(octave // BUCKETS_PER_OCTAVE, ROW_GRID)
+    return -(-rows // step) * step
+
+
+@dataclass
+class Slab:
+    """One capacity's static cache: keys and values (L, 1, H_kv, C, D), `row_positions` (C,), `write_rows`
+    (q,) and `filled`, the rows a served cache and the steps after it hold."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    row_positions: torch.Tensor
+    filled: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[3]
+
+    @classmethod
+    def empty(cls, like: KV, rows: int) -> Slab:
+        shape = (*like.keys.shape[:3], rows, like.keys.shape[4])
+        positions = torch.full((rows,), EMPTY, dtype=torch.long, device=like.keys.device)
+        return cls(like.keys.new_zeros(shape), like.values.new_zeros(shape), positions)
+
+    def load(self, kv: KV) -> None:
+        """Hold `kv`'s rows (and nothing after them): copied into the buffers' first rows."""
+        n = kv.length
+        self.keys[:, :, :, :n] = kv.keys
+        self.values[:, :, :, :n] = kv.values
+        self.row_positions[:n] = kv.positions.to(self.row_positions.device)
+        self.row_positions[n:] = EMPTY
+        self.filled = n
+
+    def fits(self, kv: KV) -> bool:
+        return tuple(self.keys.shape[:3]) == tuple(kv.keys.shape[:3]) and self.keys.dtype == kv.keys.dtype
+
+    def rows(self, n: int | None = None) -> KV:
+        """The first `n` rows (default: every filled row) as a `KV` of their own (copies: the slab is reused)."""
+        n = self.filled if n is None else n
+        return KV(self.keys[:, :, :, :n].clone(), self.values[:, :, :, :n].clone(), self.row_positions[:n].clone())
+
+
+def step(bb, slab: Slab, tokens: torch.Tensor, positions: torch.Tensor, write_rows: torch.Tensor, attentions: bool):
+    """One forward of `tokens` (1, q) at `positions` (1, q) over `slab`, written into `write_rows` (q,):
+    the last token's logits (1, vocab), and with `attentions` every layer's weights of the q queries over
+    the buffer (layers, q, heads, C). Shapes depend only on (capacity, q): a CUDA graph can replay it."""
+    slab.row_positions.index_copy_(0, write_rows, positions[0])
+    allowed = slab.row_positions[None, :] <= positions[0][:, None]
+    mask = mask_argument(bb.config, allowed[None], positions, slab.row_positions[None], bb.dtype)
+    out = bb.model(
+        input_ids=tokens,
+        position_ids=positions,
+        attention_mask=mask,
+        cache=RowWriteCache(slab.keys, slab.values, write_rows),
+        use_cache=True,
+        logits_to_keep=1,
+        output_attentions=attentions,
+    )
+    weights = torch.stack([a[0].transpose(0, 1) for a in out.attentions]) if attentions else None
+    return out.logits[:, -1], weights
+
+
+class Steps:
+    """Runs `step` for a backbone: plainly on a CPU; on CUDA through one captured graph per shape
+    (capacity, tokens fed, attentions or not), replayed with the inputs copied into its static buffers.
+    A shape whose capture fails runs plainly from then on, with one warning naming the cause."""
+
+    def __init__(self, bb, graphs: bool | None = None):
+        self.bb = bb
+        self.graphs = bb.device.type == "cuda" if graphs is None else graphs
+        self.captured: dict[tuple, _Graph | None] = {}
+        self.slabs: dict[int, Slab] = {}
+        self.lock = threading.RLock()
+
+    def slab(self, kv: KV, room: int) -> Slab:
+        """The slab of `kv.length + room` rows' capacity, holding `kv` (the lock must be held)."""
+        rows = capacity(kv.length + room)
+        slab = self.slabs.get(rows)
+        if slab is None or not slab.fits(kv):
+            slab = self.slabs[rows] = Slab.empty(kv, rows)
+            self.captured = {key: g for key, g in self.captured.items() if key[0] != rows}
+        slab.load(kv)
+        return slab
+
+    def __call__(self, slab: Slab, tokens: list[int], position: int, attentions: bool = False):
+        """Feed `tokens` at positions from `position` into the slab's next rows; (logits, weights)."""
+        device = slab.keys.device
+        fed = torch.tensor([tokens], dtype=torch.long, device=device)
+        positions = torch.arange(position, position + len(tokens), device=device)[None]
+        write_rows = torch.arange(slab.filled, slab.filled + len(tokens), device=device)
+        slab.filled += len(tokens)
+        if not self.graphs:
+            return step(self.bb, slab, fed, positions, write_rows, attentions)
+        key = (slab.capacity, len(tokens), attentions, self.bb.config._attn_implementation)
+        if key not in self.captured:
+            self.captured[key] = _Graph.capture(self.bb, slab, fed, positions, write_rows, attentions)
+        graph = self.captured[key]
+        if graph is None:
+            return step(self.bb, slab, fed, positions, write_rows, attentions)
+        return graph.replay(fed, positions, write_rows)
+
+    @property
+    def replayed_shapes(self) -> int:
+        """How many shapes run as replayed graphs (0 on a CPU)."""
+        return sum(g is not None for g in self.captured.values())
+
+
+class _Graph:
+    """One captured `step` and the static tensors it reads and writes."""
+
+    def __init__(self, graph, inputs, outputs):
+        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+
+    @classmethod
+    def capture(cls, bb, slab: Slab, fed, positions, write_rows, attentions: bool) -> _Graph | None:
+        """Warm up on a side stream, then capture. The slab's rows are saved and restored around both,
+        so capturing leaves the slab as the plain step would (the step is then run plainly once)."""
+        inputs = (fed.clone(), positions.clone(), write_rows.clone())
+        saved = (slab.keys.clone(), slab.values.clone(), slab.row_positions.clone())
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                step(bb, slab, *inputs, attentions)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = step(bb, slab, *inputs, attentions)
+        except Exception as err:  # a forward that syncs with the host cannot be captured: run it plainly
+            warnings.warn(f"CUDA graph capture failed for a step at capacity {slab.capacity}: {err}", stacklevel=2)
+            graph = None
+        finally:
+            slab.keys.copy_(saved[0])
+            slab.values.copy_(saved[1])
+            slab.row_positions.copy_(saved[2])
+        return None if graph is None else cls(graph, inputs, outputs)
+
+    def replay(self, fed, positions, write_rows):
+        for static, value in zip(self.inputs, (fed, positions, write_rows)):
+            static.copy_(value)
+        self.graph.replay()
+        return self.outputs

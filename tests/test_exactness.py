@@ -1,0 +1,100 @@
+"""Full repair equals Dense in every dtype, also where the device runs Dense's causal prefill and the repair's
+masked query blocks through different attention kernels (what a GPU does in half precision).
+
+The CPU reproduces that class of defect: Hugging Face's default attention path is forced onto SDPA's math
+backend and the repair's blocked kernel onto its flash backend. The two round differently in bf16 and fp16, so
+comparing a repair with the default kernel's Dense tests the kernels; `bcr verify` compares it with Dense run
+through the repair's own kernel (`Backbone.reference_prefill`), which must match it bit for bit.
+"""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_llama_config
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from bcr_core.engine import kernels
+from bcr_core.engine.backbone import Backbone
+from bcr_core.probes.verify import cache_under_prefix, verify
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+class FlashOnly:
+    """`torch.nn.functional` as the repair's kernel sees it: SDPA restricted to the flash backend."""
+
+    def __getattr__(self, name):
+        return getattr(F, name)
+
+    @staticmethod
+    def scaled_dot_product_attention(*args, **kwargs):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def kernels_differ_by_path(monkeypatch):
+    """Dense's default path on SDPA's math backend, the repair's blocked kernel on its flash backend."""
+    with monkeypatch.context() as patch, sdpa_kernel(SDPBackend.MATH):
+        patch.setattr(kernels, "F", FlashOnly())
+        yield
+
+
+def tiny_speaking(chat_tokenizer, dtype, seed=0) -> Backbone:
+    config = tiny_llama_config(
+        vocab_size=len(chat_tokenizer),
+        eos_token_id=chat_tokenizer.eos_token_id,
+        bos_token_id=chat_tokenizer.bos_token_id,
+        pad_token_id=chat_tokenizer.eos_token_id,
+        initializer_range=0.05,
+    )
+    bb = Backbone.from_config(config, device="cpu", dtype=dtype, seed=seed)
+    bb.tokenizer = chat_tokenizer
+    return bb
+
+
+def test_the_kernel_defect_reproduces_on_the_cpu_in_bf16(chat_tokenizer, monkeypatch):
+    """Under path-dependent kernels the repair of every row no longer equals the default kernel's Dense,
+    and greedy decoding turns the rounding into other tokens: the check verify made before."""
+    bb = tiny_speaking(chat_tokenizer, torch.bfloat16)
+    ids = bb.chat_ids([{"role": "user", "content": "Natalia sold clips"}])
+    cached, last = ids[:-1], ids[-1]
+    with kernels_differ_by_path(monkeypatch):
+        default_dense = bb.prefill(cached)
+        under_prefix, shift = cache_under_prefix(bb, cached)
+        repaired = bb.repair(bb.shift(under_prefix, -shift), cached, range(len(cached)))
+        from_default = bb.generate(default_dense, last, 32, stop_ids=()).tokens
+        from_repaired = bb.generate(repaired, last, 32, stop_ids=()).tokens
+    assert float((repaired.values - default_dense.values).abs().max()) > 0
+    assert from_repaired != from_default
+    same_kernel = bb.generate(bb.reference_prefill(cached), last, 32, stop_ids=()).tokens
+    assert same_kernel == from_default  # with one backend for both paths the default Dense agrees again
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_verify_passes_in_every_dtype_when_the_kernels_differ_by_path(chat_tokenizer, monkeypatch, dtype):
+    bb = tiny_speaking(chat_tokenizer, dtype)
+    with kernels_differ_by_path(monkeypatch):
+        report = verify(bb)
+    assert report.passed, report.to_dict()
+    assert report.repair_max_abs_err == 0.0 and report.full_repair_token_identical
+    assert report.dtype == str(dtype).removeprefix("torch.")
+    if dtype != torch.float32:  # the defect is there, and reported: the default kernel's Dense differs
+        assert report.kernel_max_abs_err > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_row_left_stale_makes_verify_fail_in_every_dtype(chat_tokenizer, monkeypatch, dtype):
+    bb = tiny_speaking(chat_tokenizer, dtype)
+    full_repair = bb.repair
+
+    def all_but_one(kv, ids, rows, **kwargs):
+        rows = [r for r in rows if r != 5]
+        return full_repair(kv, ids, rows, **kwargs)
+
+    monkeypatch.setattr(bb, "repair", all_but_one)  # Dense (`reference_prefill`) still recomputes every row
+    report = verify(bb)
+    assert not report.passed
+    assert report.repair_max_abs_err > 0
