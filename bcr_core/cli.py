@@ -27,7 +27,7 @@ from bcr_core.commands import (
     cmd_unit_curve,
     cmd_verify,
 )
-from bcr_core.engine.models import DEFAULT_MODEL
+from bcr_core.engine.models import DEFAULT_MODEL, DTYPES
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
 
@@ -38,6 +38,13 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MODEL,
         help="'default' (embedded SmolLM2-135M-Instruct), 'gemma-3-270m' (Gemma 3 270M base, fetched on first use; "
         "Gemma terms apply), a local HF directory, or a hub id",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="precision the model is served in; 'auto': float32 on a CPU, on a GPU the released code's rule "
+        "(float16 where the model's name contains 'llama', else float32)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 

@@ -29,7 +29,7 @@ def cmd_verify(args) -> int:
     from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.verify import verify
 
-    report = verify(load_backbone(args.model), prompt=args.prompt)
+    report = verify(load_backbone(args.model, args.dtype), prompt=args.prompt)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -57,7 +57,7 @@ def cmd_demo(args) -> int:
 
     if args.new_tokens < 1:
         raise UsageError(f"--new-tokens must be at least 1, got {args.new_tokens}")
-    table = demo(load_backbone(args.model), prompt=args.prompt, new_tokens=args.new_tokens)
+    table = demo(load_backbone(args.model, args.dtype), prompt=args.prompt, new_tokens=args.new_tokens)
     with pd.option_context("display.max_colwidth", 70):
         return print_table(table, args)
 
@@ -75,7 +75,7 @@ def cmd_run(args) -> int:
     settings["seeds"] = split_list(args.seeds, int, "--seeds") if args.seeds is not None else None
     run = RunSettings(**settings)
     cell = run.cell()  # every setting and condition checked before the model loads
-    items = run_cell(load_backbone(cell.model), cell, args.out, progress=True, batch=run.batch)
+    items = run_cell(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True, batch=run.batch)
     return print_table(write_summary(items, args.reference, args.out), args, digits=3)
 
 
@@ -101,8 +101,9 @@ def cmd_arena(args) -> int:
         args.prompt,
         args.stop,
         args.shard,
+        args.dtype,
     )
-    run_arena(load_backbone(args.model), cell, args.out, progress=True)
+    run_arena(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True)
     calls = read_calls(args.out / "calls.jsonl")
     if not any(c.get("arena") for c in calls):
         print(
@@ -132,7 +133,9 @@ def cmd_calibrate(args) -> int:
     from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.calibration import GOAL, calibrate, choose
 
-    table = calibrate(load_backbone(args.model), args.out, args.n, args.item_seed, args.agents, args.max_new_tokens)
+    table = calibrate(
+        load_backbone(args.model, args.dtype), args.out, args.n, args.item_seed, args.agents, args.max_new_tokens
+    )
     chosen = choose(table)
     reached = "reaches" if chosen.dense_accuracy >= GOAL else "does not reach"
     print(
@@ -148,7 +151,7 @@ def cmd_grid(args) -> int:
     from bcr_core.runs.grid_file import read_grid
     from bcr_core.runs.grid_folder import combined_table
 
-    grid = read_grid(args.file, model=args.model)
+    grid = read_grid(args.file, model=args.model, dtype=args.dtype)
     failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
     table = combined_table(grid, args.out)
     (args.out / "grid.csv").write_text(table.to_csv(index=False))
@@ -186,7 +189,7 @@ def cmd_unit_curve(args) -> int:
     )
     texts = read_prompts(args.prompts) if args.prompts else default_texts()
     table = summarize_curve(
-        unit_curve(load_backbone(args.model), texts, config, progress=True)
+        unit_curve(load_backbone(args.model, args.dtype), texts, config, progress=True)
     )  # tqdm writes to stderr
     return print_table(table, args, digits=4)
 
@@ -197,7 +200,7 @@ def cmd_ttft(args) -> int:
 
     lengths, rhos = split_list(args.lengths, int, "--lengths"), split_list(args.rho, float, "--rho")
     check_settings(lengths, args.samples)
-    bb = load_backbone(args.model)
+    bb = load_backbone(args.model, args.dtype)
     check_lengths(bb, lengths)
     # tqdm writes to stderr, so --json stdout stays one document
     table = ttft_table(bb, lengths, rhos, args.samples, progress=True)
@@ -207,9 +210,7 @@ def cmd_ttft(args) -> int:
 def cmd_notebooks(args) -> int:
     from bcr_core.lab.notebooks import NotebookError, run_notebooks
 
-    parameters = read_parameters(args.parameter)
-    if args.model != DEFAULT_MODEL:
-        parameters["model"] = args.model
+    parameters = read_parameters(args.parameter) | command_line_model(args)
     try:
         results = run_notebooks(
             args.out,
@@ -228,6 +229,12 @@ def cmd_notebooks(args) -> int:
         if not r.ok:
             print(f"bcr notebooks: {r.error}", file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1
+
+
+def command_line_model(args) -> dict:
+    """The notebook parameters `--model` and `--dtype` set where they differ from their defaults."""
+    given = {"model": args.model, "dtype": args.dtype}
+    return {key: value for key, value in given.items() if value != {"model": DEFAULT_MODEL, "dtype": "auto"}[key]}
 
 
 def read_parameters(pairs: list[str]) -> dict:
@@ -249,9 +256,7 @@ def cmd_explore(args) -> int:
 
     from bcr_core.lab import app
 
-    parameters = read_parameters(args.parameter)
-    if args.model != DEFAULT_MODEL:
-        parameters["model"] = args.model
+    parameters = read_parameters(args.parameter) | command_line_model(args)
     app.check_participants(args.participants)
     app.check_port(args.port, args.host)
     with tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:

@@ -67,9 +67,10 @@ def test_shape_mismatch_is_an_error():
         KV(torch.zeros(1, 1, 1, 3, 2), torch.zeros(1, 1, 1, 3, 2), torch.arange(4))
 
 
-def test_decoding_appends_in_place_with_the_tokens_of_concatenation(tiny):
-    """Decode grows a preallocated cache in place (no copy of the whole cache per step) and gives
-    exactly the logits of HF's concatenating cache, which the loop below drives by hand."""
+def test_decoding_over_the_static_cache_gives_the_tokens_of_concatenation(tiny):
+    """Decode runs over a preallocated static cache (`engine.static`) and gives the tokens of HF's own
+    concatenating cache, driven by hand below, with logits equal to float rounding (the static step
+    attends over the whole slab, its empty rows masked)."""
     ids = list(range(3, 80))
     kv = tiny.prefill(ids[:-1])
     before = kv.keys.clone()
@@ -85,11 +86,11 @@ def test_decoding_appends_in_place_with_the_tokens_of_concatenation(tiny):
         logits.append(out.logits[0, -1].float())
         token = int(logits[-1].argmax())
     assert grown.tokens == [int(x.argmax()) for x in logits]
-    assert all(torch.equal(a, b) for a, b in zip(grown.logits, logits))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grown.logits, logits))
     assert torch.equal(kv.keys, before)  # the served span is never written
-    layer = grown.cache.layers[0]
-    assert layer.keys.data_ptr() == layer.key_buffer.data_ptr() and layer.keys.shape[-2] == kv.length + 20
-    assert layer.key_buffer.shape[-2] == kv.length + 20  # room for exactly the steps asked
+    kept = grown.cache.layers[0].keys
+    assert kept.shape[-2] == kv.length + 20  # the prompt's rows and every fed token, the last output not fed
+    assert torch.allclose(kept, cache.layers[0].keys[:, :, : kv.length + 20], atol=1e-6)
 
 
 def test_a_growing_cache_past_its_room_falls_back_to_concatenation(tiny):

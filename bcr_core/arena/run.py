@@ -74,6 +74,7 @@ def make_arena_cell(
     prompt: str = DEFAULT_PROMPT,
     stop: str = DEFAULT_RULE,
     shard: str = "",
+    dtype: str = "auto",
 ) -> ArenaCell:
     """The arena's cell; every setting is checked here, before a model is loaded or a folder touched.
     `gamma` sets KVComm's gate (default: the paper's)."""
@@ -103,6 +104,7 @@ def make_arena_cell(
         selectors=labels,
         rhos=tuple(rhos),
         shard=shard,
+        dtype=dtype,
     )
 
 

@@ -40,7 +40,7 @@ from bcr_core.engine.capacity import kv_shape
 from bcr_core.engine.chat import render_messages
 from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
 from bcr_core.engine.kv import KV, RowWriteCache
-from bcr_core.engine.models import default_device, default_dtype, embedded_model_dir, load_pretrained
+from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
 from bcr_core.engine.static import Steps
 from bcr_core.engine.stopping import StopRule
@@ -104,13 +104,17 @@ class Backbone:
         self.steps = Steps(self)
 
     @classmethod
-    def load(cls, model: str | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
+    def load(
+        cls, model: str | None = None, device: str | None = None, dtype: str | torch.dtype | None = None
+    ) -> Backbone:
         """The embedded default model, a local Hugging Face directory, a hub id, or a config-only
-        model `config:NAME|PATH` with random weights (see `models`)."""
+        model `config:NAME|PATH` with random weights (see `models`), in `dtype` (a torch dtype or a
+        `--dtype` name; default `auto`, `models.resolve_dtype`)."""
         if model and model.startswith(CONFIG_PREFIX):
             from transformers import AutoTokenizer
 
-            bb = cls.from_config(config_only(model), device=device, dtype=dtype)
+            device = device or default_device()
+            bb = cls.from_config(config_only(model), device=device, dtype=resolve_dtype(dtype, model, device))
             bb.tokenizer = AutoTokenizer.from_pretrained(config_tokenizer_dir(model) or embedded_model_dir())
             bb.name = model
             return bb
@@ -119,9 +123,10 @@ class Backbone:
 
     @classmethod
     def from_config(
-        cls, config, device: str | None = None, dtype: torch.dtype | None = None, seed: int = 0
+        cls, config, device: str | None = None, dtype: str | torch.dtype | None = None, seed: int = 0
     ) -> Backbone:
-        """Random weights with a real model's shapes: enough for timing, and for tests."""
+        """Random weights with a real model's shapes: enough for timing, and for tests. `auto` reads
+        the config's model type as the model's name."""
         from transformers import AutoModelForCausalLM
 
         check_architecture(config)
@@ -129,7 +134,7 @@ class Backbone:
         config._attn_implementation = "sdpa"
         torch.manual_seed(seed)
         with torch.device(device):  # initialise in place: an 8B model need not pass through host memory
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype or default_dtype(device))
+            model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype, config.model_type, device))
         return cls(model, None, name=f"random-{config.model_type}")
 
     @property

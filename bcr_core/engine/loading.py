@@ -9,31 +9,32 @@ from bcr_core.engine.memory import keep_freed_memory
 from bcr_core.engine.models import DEFAULT_MODEL
 
 
-def load_backbone(model: str = DEFAULT_MODEL) -> Backbone:
-    """The model, with freed memory kept in the process (repeated prefills reuse it)."""
+def load_backbone(model: str = DEFAULT_MODEL, dtype: str = "auto") -> Backbone:
+    """The model in `dtype` (a `--dtype` name), with freed memory kept in the process (repeated prefills
+    reuse it)."""
     keep_freed_memory()
-    return Backbone.load(model)
+    return Backbone.load(model, dtype=dtype)
 
 
-def lazy_backbone(model: str = DEFAULT_MODEL) -> Callable[[], Backbone]:
+def lazy_backbone(model: str = DEFAULT_MODEL, dtype: str = "auto") -> Callable[[], Backbone]:
     """A function that loads the model on its first call and returns the same one afterwards."""
     loaded = {}
 
     def get() -> Backbone:
         if "bb" not in loaded:
-            loaded["bb"] = load_backbone(model)
+            loaded["bb"] = load_backbone(model, dtype)
         return loaded["bb"]
 
     return get
 
 
-_SHARED: dict[str, Backbone] = {}  # the last model loaded in this process
+_SHARED: dict[tuple[str, str], Backbone] = {}  # the last model loaded in this process
 
 
-def shared_backbone(model: str) -> Backbone:
+def shared_backbone(model: str, dtype: str = "auto") -> Backbone:
     """The model, loaded once per process while callers (a grid's cells) keep asking for it; one model
-    at a time, so asking for another lets the previous one's memory go back."""
-    if model not in _SHARED:
+    at a time, so asking for another (or another dtype) lets the previous one's memory go back."""
+    if (model, dtype) not in _SHARED:
         _SHARED.clear()
-        _SHARED[model] = load_backbone(model)
-    return _SHARED[model]
+        _SHARED[model, dtype] = load_backbone(model, dtype)
+    return _SHARED[model, dtype]

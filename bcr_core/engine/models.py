@@ -35,9 +35,28 @@ GEMMA_ALIASES = {"gemma-3-270m", "gemma3-270m"}
 EMBEDDED_FOLDER, GEMMA_FOLDER = "SmolLM2-135M-Instruct", "gemma-3-270m"  # their conversions in cache/models
 
 
-def default_dtype(device: str) -> torch.dtype:
-    """fp32 on CPU (bf16 is slower on AVX2 CPUs); bf16 on CUDA."""
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # `--dtype`: the precision a model is served in
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, model: str | None, device: str) -> torch.dtype:
+    """The torch dtype `--dtype` names. `auto` is fp32 on a CPU (bf16 is slower on AVX2 CPUs) and, on a
+    GPU, the released KVCOMM code's rule: float16 where the model's name contains "llama", else float32
+    (a `config:` model's name is the string after the prefix, e.g. `config:llama-3.1-8b` is float16)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    dtype = dtype or "auto"
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if not str(device).startswith("cuda"):
+        return torch.float32
+    return torch.float16 if "llama" in (model or "").lower() else torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> "bfloat16", the name `--dtype` and the records use."""
+    return str(dtype).removeprefix("torch.")
 
 
 def default_device() -> str:
@@ -181,7 +200,7 @@ def check_hub(repo_id: str, timeout_s: float = 3.0) -> None:
         ) from None
 
 
-def load_pretrained(model: str | None, device: str | None = None, dtype: torch.dtype | None = None):
+def load_pretrained(model: str | None, device: str | None = None, dtype: str | torch.dtype | None = None):
     """(model, tokenizer) for a model name, in eval mode with sdpa attention."""
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -204,7 +223,7 @@ def load_pretrained(model: str | None, device: str | None = None, dtype: torch.d
     device = device or default_device()
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype or default_dtype(device), attn_implementation="sdpa"
+            source, dtype=resolve_dtype(dtype, model, device), attn_implementation="sdpa"
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # e.g. a truncated or bad-header safetensors

@@ -25,7 +25,7 @@ from bcr_core.errors import UsageError
 from bcr_core.record_files import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell, RunSettings
 from bcr_core.runs.run_files import LATER_SETTINGS, read_settings
-from bcr_core.runs.run_settings import settings_record
+from bcr_core.runs.run_settings import served_dtype, settings_record
 from bcr_core.runs.runner import run_cell
 
 # A run's settings a comparison leaves to each of its conditions' runs (and how they run).
@@ -57,6 +57,8 @@ class Comparison(settings_record("ComparisonFields", leave_out=NOT_COMPARED)):
             parts.append("pinned-" + safe_name(self.pinned))
         if self.model != "default":
             parts.append(safe_name(self.model))
+        if served_dtype(self.dtype, self.model) != "float32":
+            parts.append(served_dtype(self.dtype, self.model))
         if self.prompt != DEFAULT_PROMPT:
             parts.append(f"prompt-{self.prompt}")
         if self.stop != DEFAULT_RULE:

@@ -40,7 +40,7 @@ FRACTION = Float(0.0, 1.0)
 
 # The settings a notebook shares with `bcr run`, checked as `bcr run` checks them
 # (`bcr_core.runs.run_settings.RUN`) and read into a `lab.Comparison` by name.
-SHARED_WITH_RUN = ("model", "benchmark", "agents", "n", "max_new_tokens", "item_seed", "pinned")
+SHARED_WITH_RUN = ("model", "dtype", "benchmark", "agents", "n", "max_new_tokens", "item_seed", "pinned")
 
 # Every parameter any notebook declares, with the kind of value it takes.
 SCHEMA: dict[str, Kind] = {key: RUN[key].kind for key in SHARED_WITH_RUN} | {

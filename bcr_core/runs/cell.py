@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
-from bcr_core.runs.run_settings import RUN, check_run, settings_record
+from bcr_core.runs.run_settings import RUN, check_run, served_dtype, settings_record
 from bcr_core.setting_kinds import SettingError
 
 # how a cell runs, or what it is made from, rather than what it is: not part of a cell
 NOT_CELL = ("batch", "seeds")
 # `cell.json`'s name for a setting where it differs (the committed records keep theirs)
 RECORD_NAMES = {"agents": "n_agents"}
+RECORDED_BEFORE_DTYPE = "float32"  # every run recorded before cell.json named its dtype ran in fp32 on a CPU
 
 
 class RunSettings(settings_record("RunSettingsFields")):
@@ -44,6 +45,7 @@ class Cell(settings_record("CellFields", leave_out=NOT_CELL)):
     def check(self):
         for key, value in check_run({key: getattr(self, key) for key in RUN if key not in NOT_CELL}).items():
             object.__setattr__(self, key, value)
+        object.__setattr__(self, "dtype", served_dtype(self.dtype, self.model))
         parsed = [parse(c) for c in self.conditions]
         seen: dict[tuple, str] = {}
         for c in parsed:
@@ -72,6 +74,7 @@ class Cell(settings_record("CellFields", leave_out=NOT_CELL)):
         """The cell a `cell.json` records (`record`'s inverse)."""
         names = {recorded: key for key, recorded in RECORD_NAMES.items()}
         settings = {names.get(key, key): value for key, value in found.items() if key != "extra"}
+        settings.setdefault("dtype", RECORDED_BEFORE_DTYPE)
         extra = found.get("extra") or {}
         return cls(**settings | {"conditions": tuple(found["conditions"]), "item_seed": extra.get("seed", 0)})
 

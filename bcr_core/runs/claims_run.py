@@ -9,14 +9,17 @@ import json
 from pathlib import Path
 
 from bcr_core.analysis.claims_grid import GATE, ClaimsGrid
+from bcr_core.engine.models import dtype_name
 from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve
 from bcr_core.probes.verify import verify
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import run_cell
 
 
-def claims_cell(grid: ClaimsGrid, conditions: list[str], fidelity: bool, n: int | None = None) -> Cell:
-    """One run of the grid: its benchmark, agents and items under `conditions`."""
+def claims_cell(
+    grid: ClaimsGrid, conditions: list[str], fidelity: bool, n: int | None = None, dtype: str = "auto"
+) -> Cell:
+    """One run of the grid: its benchmark, agents and items under `conditions`, served in `dtype`."""
     return Cell(
         benchmark=grid.benchmark,
         agents=grid.agents,
@@ -25,16 +28,18 @@ def claims_cell(grid: ClaimsGrid, conditions: list[str], fidelity: bool, n: int 
         max_new_tokens=grid.max_new_tokens,
         item_seed=grid.item_seed,
         fidelity=fidelity,
+        dtype=dtype,
     )
 
 
 def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progress: bool = True) -> Path:
     """Every run the verdicts read, on `bb`, into `out` (resumable like any `bcr run`); the unit
     curve at budget-matched units (per-prompt records)."""
-    out = Path(out)
-    run_cell(bb, claims_cell(grid, grid.main(), fidelity=True), out / "main", progress=progress, batch=batch)
-    run_cell(bb, claims_cell(grid, grid.matched(), fidelity=True), out / "matched", progress=progress, batch=batch)
-    gate = claims_cell(grid, grid.gate_run(), fidelity=False, n=min(grid.gate_n, grid.n))
+    out, dtype = Path(out), dtype_name(bb.dtype)
+    main, matched = (claims_cell(grid, c, fidelity=True, dtype=dtype) for c in (grid.main(), grid.matched()))
+    run_cell(bb, main, out / "main", progress=progress, batch=batch)
+    run_cell(bb, matched, out / "matched", progress=progress, batch=batch)
+    gate = claims_cell(grid, grid.gate_run(), fidelity=False, n=min(grid.gate_n, grid.n), dtype=dtype)
     run_cell(bb, gate, out / GATE, progress=progress, batch=batch)
     curve_path = out / "unit_curve.csv"
     if not curve_path.exists():

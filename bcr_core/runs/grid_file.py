@@ -42,9 +42,9 @@ class GridCell:
         return self.cell.n * len(self.cell.conditions)
 
 
-def read_grid(path: Path, model: str = DEFAULT_MODEL) -> list[GridCell]:
-    """The cells of a grid file, every setting checked; `model` is the model of cells whose file
-    names none (`bcr grid --model`). Raises GridError naming the file and the key."""
+def read_grid(path: Path, model: str = DEFAULT_MODEL, dtype: str = "auto") -> list[GridCell]:
+    """The cells of a grid file, every setting checked; `model` and `dtype` are those of cells whose file
+    names none (`bcr grid --model --dtype`). Raises GridError naming the file and the key."""
     path = Path(path)
     try:
         data = tomllib.loads(utf8_text(path, "a grid file in TOML"))
@@ -75,7 +75,7 @@ def read_grid(path: Path, model: str = DEFAULT_MODEL) -> list[GridCell]:
             raise GridError(f"{path}: {where}: same folder as cells.{folders[name.lower()]} on a case-blind disk")
         folders[name.lower()] = name
         own = check_settings(path, table(path, settings, where), where)
-        grid.append(grid_cell(path, name, checked, own, model))
+        grid.append(grid_cell(path, name, checked, own, {"model": model, "dtype": dtype}))
     return grid
 
 
@@ -102,11 +102,12 @@ def check_settings(path: Path, settings: dict, where: str) -> dict:
     return out
 
 
-def grid_cell(path: Path, name: str, defaults: dict, own: dict, model: str) -> GridCell:
-    """A cell's settings (its own over the defaults over `bcr run`'s), checked together."""
+def grid_cell(path: Path, name: str, defaults: dict, own: dict, command: dict) -> GridCell:
+    """A cell's settings (its own over the defaults over the command line's `command` over `bcr run`'s),
+    checked together."""
     where = f"cells.{name}"
     origin = lambda key: f"{where}.{key}" if key in own else f"defaults.{key}"  # noqa: E731
-    settings = {key: s.default for key, s in RUN.items()} | {"model": model} | defaults | own
+    settings = {key: s.default for key, s in RUN.items()} | command | defaults | own
     for key, setting in RUN.items():
         if setting.required and key not in defaults and key not in own:
             raise GridError(f"{path}: {where}.{key}: missing; set it in [defaults] or in [{where}]")

@@ -19,7 +19,7 @@ def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item
     This is also the Ray task: it writes everything itself and returns only a count."""
     folder = Path(out) / grid_cell.name
     items = run_cell(
-        shared_backbone(grid_cell.load),
+        shared_backbone(grid_cell.load, grid_cell.cell.dtype),
         grid_cell.cell,
         folder,
         progress=progress,

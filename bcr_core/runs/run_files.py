@@ -237,7 +237,7 @@ def read_settings(path: Path) -> dict:
 
 # Settings added after runs were committed, at the value every earlier run had: a folder written before
 # one existed holds no key for it, and one at that value writes none, so both keep one identity.
-LATER_SETTINGS = {"prompt": DEFAULT_PROMPT, "stop": DEFAULT_RULE, "shard": ""}
+LATER_SETTINGS = {"prompt": DEFAULT_PROMPT, "stop": DEFAULT_RULE, "shard": "", "dtype": "float32"}
 
 
 def identity(settings: dict) -> dict:

@@ -16,7 +16,7 @@ from bcr_core.agents.graph import full_connected
 from bcr_core.conditions import parse, split_conditions
 from bcr_core.data.benchmarks import NAMES, item_draw
 from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
-from bcr_core.engine.models import DEFAULT_MODEL
+from bcr_core.engine.models import DEFAULT_MODEL, DTYPES, default_device, dtype_name, resolve_dtype
 from bcr_core.engine.stopping import DEFAULT_RULE, RULES
 from bcr_core.errors import UsageError
 from bcr_core.setting_kinds import (
@@ -88,7 +88,14 @@ RUN: dict[str, Setting] = {
     "fidelity": Setting(Bool(), False),
     "prompt": Setting(Str(PROMPTS), DEFAULT_PROMPT),
     "stop": Setting(Str(RULES), DEFAULT_RULE),
+    "dtype": Setting(Str(DTYPES), "auto"),  # the precision the model is served in (`engine.models.resolve_dtype`)
 }
+
+
+def served_dtype(dtype: str, model: str) -> str:
+    """The dtype a run's model is served in on this machine: `auto` resolved (`engine.models.resolve_dtype`),
+    the name a run folder records, so a folder says what ran and a CPU's fp32 run and a GPU's fp16 one differ."""
+    return dtype_name(resolve_dtype(dtype, model, default_device()))
 
 
 def check_run(settings: dict, label=cli_label) -> dict:

@@ -21,6 +21,8 @@ from bcr_core.agents.pipeline import Pipeline
 from bcr_core.conditions import make_server
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
+from bcr_core.engine.models import dtype_name
+from bcr_core.errors import UsageError
 from bcr_core.reuse.fidelity import ForcedLogProbs
 from bcr_core.reuse.segments import PrefixPrefills, SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
@@ -112,6 +114,12 @@ def run_cell(
     `share_log_probs` measures each cache's teacher-forced log-probabilities for the fidelity KL once
     (`fidelity.ForcedLogProbs`, bit-identical); both are on unless turned off to measure them.
     """
+    served_in = dtype_name(bb.dtype)
+    if cell.dtype != served_in:
+        raise UsageError(
+            f"the run's cell is in {cell.dtype} but the model is served in {served_in}: load the model with "
+            f"--dtype {cell.dtype}, or make the cell with dtype {served_in!r}"
+        )
     files, written = RunFiles(out, cell), []
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
