@@ -26,7 +26,7 @@ def run_cli(body: str) -> subprocess.CompletedProcess:
 def test_an_internal_error_keeps_its_traceback_and_fails(error):
     """A plain ValueError is an internal invariant, not a user's mistake: it must not be reduced to a line."""
     done = run_cli(
-        f"def broken(model):\n    raise {error.__name__}('invariant broken deep inside')\n"
+        f"def broken(model, dtype=None):\n    raise {error.__name__}('invariant broken deep inside')\n"
         "import bcr_core.engine.loading as loading\n"
         "loading.load_backbone = broken"
     )
@@ -38,7 +38,7 @@ def test_an_internal_error_keeps_its_traceback_and_fails(error):
 def test_a_usage_error_is_one_line_and_exit_2():
     done = run_cli(
         "from bcr_core.errors import UsageError\n"
-        "def refused(model):\n    raise UsageError('--model nowhere: no such folder')\n"
+        "def refused(model, dtype=None):\n    raise UsageError('--model nowhere: no such folder')\n"
         "import bcr_core.engine.loading as loading\n"
         "loading.load_backbone = refused"
     )
@@ -47,7 +47,7 @@ def test_a_usage_error_is_one_line_and_exit_2():
 
 
 def test_a_bug_inside_a_command_is_raised_not_printed(monkeypatch, capsys):
-    def broken(model):
+    def broken(model, dtype="auto"):
         raise ValueError("internal")
 
     monkeypatch.setattr("bcr_core.engine.loading.load_backbone", broken)
