@@ -170,6 +170,19 @@ def test_key_extents_cover_exactly_the_visible_prefix():
     positions = torch.arange(10)
     plan = key_extents(repair_mask(positions, torch.tensor([1, 2, 6, 9])), block=2)
     assert plan == [(0, 2, 3), (2, 4, 10)]
+    assert key_extents(repair_mask(positions, torch.tensor([1, 2, 6, 9])), block=2, grid=4) == [(0, 2, 4), (2, 4, 10)]
+
+
+def test_extents_padded_to_a_grid_give_the_same_repair_to_rounding(tiny, case, monkeypatch):
+    """A GPU pads each block's keys to a grid (masked rows): the repair is the same to float rounding, and
+    exact against Dense through the same padded kernel."""
+    cached, last, dense, corrupted = case
+    plain = tiny.repair(corrupted, cached, range(0, len(cached), 3))
+    monkeypatch.setattr("bcr_core.engine.backbone.key_grid", lambda device: 16)
+    padded = tiny.repair(corrupted, cached, range(0, len(cached), 3))
+    assert close(padded, plain, atol=1e-5)
+    full = tiny.repair(corrupted, cached, range(len(cached)))
+    assert torch.equal(full.keys, tiny.reference_prefill(cached).keys)
 
 
 def test_draft_leaves_the_cache_exactly_as_before(tiny, case):

@@ -38,7 +38,7 @@ from bcr_core import paper
 from bcr_core.engine.architectures import CONFIG_PREFIX, check_architecture, config_only, config_tokenizer_dir
 from bcr_core.engine.capacity import kv_shape
 from bcr_core.engine.chat import render_messages
-from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents
+from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents, key_grid
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
@@ -249,7 +249,7 @@ class Backbone:
                 attention_mask=mask,
                 cache=RowWriteCache(repaired.keys, repaired.values, rows),
                 use_cache=True,
-                query_blocks=key_extents(allowed, query_block),
+                query_blocks=key_extents(allowed, query_block, key_grid(self.device)),
             )
         return repaired
 
