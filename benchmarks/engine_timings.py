@@ -26,6 +26,7 @@ import torch
 from bcr_core import paper
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
+from bcr_core.engine.models import DTYPES
 from bcr_core.probes.bound import Shape, decode_pass, draft_passes, forward_pass, measure_rates, timed
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")  # the profiler's names for a launch
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,2048")
     parser.add_argument("--rho", type=float, default=paper.RHO)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="as `bcr --dtype`")
     parser.add_argument("--model", default="default")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -84,7 +86,7 @@ def main() -> None:
 
     keep_freed_memory()
     start = time.perf_counter()
-    bb = Backbone.load(args.model)
+    bb = Backbone.load(args.model, dtype=args.dtype)
     load_s = time.perf_counter() - start
     shape, itemsize = Shape.of(bb.config), bb.dtype.itemsize
     generator = torch.Generator().manual_seed(0)

@@ -1,7 +1,7 @@
 """Table 10 at a model's shapes on this machine's device, beside the paper's A100 numbers, written as it goes.
 
     python benchmarks/table10.py --model config:llama-3.1-8b --out DIR [--lengths 64,512,2048,4096]
-        [--rho 0.05,0.1,0.2,0.3,0.4] [--samples 3]
+        [--rho 0.05,0.1,0.2,0.3,0.4] [--samples 3] [--dtype bfloat16]
 
 The protocol is `bcr ttft`'s (bcr_core/probes/latency.py), one length at a time: after each
 length its paired calls are appended to DIR/calls.csv and the summary so far is rewritten to
@@ -23,6 +23,7 @@ import transformers
 
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
+from bcr_core.engine.models import DTYPES
 from bcr_core.probes.latency import summarize_ttft, ttft_calls
 
 # The paper's Table 10 (Llama-3.1-8B, bf16, one A100 80GB): TTFT in ms by segment length.
@@ -74,6 +75,7 @@ def machine(bb: Backbone, calls: pd.DataFrame) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="as `bcr --dtype`")
     parser.add_argument("--model", default="config:llama-3.1-8b")
     parser.add_argument("--lengths", default="64,512,2048,4096")
     parser.add_argument("--rho", default="0.05,0.1,0.2,0.3,0.4")
@@ -85,7 +87,7 @@ def main() -> None:
 
     keep_freed_memory()
     args.out.mkdir(parents=True, exist_ok=True)
-    bb = Backbone.load(args.model)
+    bb = Backbone.load(args.model, dtype=args.dtype)
     calls = []
     for seed, length in enumerate(lengths):
         started = time.perf_counter()

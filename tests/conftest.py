@@ -54,6 +54,9 @@ def tiny_llama_config(**overrides) -> LlamaConfig:
 
 SLIDING_WINDOW = 24  # shorter than the 40-row test prompts, so the window changes the answer; long enough that
 # a foreign prefix still reaches the last rows through 3 windowed layers
+# The device the engine's tests on tiny random models build them on: the CPU, or `BCR_TEST_DEVICE=cuda`
+# (`benchmarks/gpu_check.sh`), where the same tests check the engine on a GPU.
+DEVICE = os.environ.get("BCR_TEST_DEVICE", "cpu")
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"]
 # What each family brings beyond the Llama shape: Mistral and Phi-3 window every layer; Qwen3 and Gemma 3
 # normalise q and k per head before RoPE; Phi-3 fuses qkv and gate-up and rotates half the head dim here;
@@ -106,7 +109,7 @@ def tiny_family_config(family: str, **overrides):
 
 @pytest.fixture(scope="session")
 def tiny() -> Backbone:
-    return Backbone.from_config(tiny_llama_config(), device="cpu", dtype=torch.float32, seed=0)
+    return Backbone.from_config(tiny_llama_config(), device=DEVICE, dtype=torch.float32, seed=0)
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +170,7 @@ def tiny_chat(chat_tokenizer) -> Backbone:
         pad_token_id=chat_tokenizer.eos_token_id,
         initializer_range=0.05,
     )
-    bb = Backbone.from_config(config, device="cpu", dtype=torch.float32, seed=0)
+    bb = Backbone.from_config(config, device=DEVICE, dtype=torch.float32, seed=0)
     bb.tokenizer = chat_tokenizer
     return bb
 

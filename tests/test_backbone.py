@@ -3,7 +3,7 @@ sliding windows shorter than the prompts where the family has them)."""
 
 import pytest
 import torch
-from conftest import FAMILIES, SLIDING_WINDOW, random_ids, tiny_family_config
+from conftest import DEVICE, FAMILIES, SLIDING_WINDOW, random_ids, tiny_family_config
 from transformers import GPT2Config
 
 from bcr_core.engine.architectures import ModelError, check_architecture
@@ -19,7 +19,7 @@ PREFIX_LEN = 9
 @pytest.fixture(scope="module", params=FAMILIES)
 def tiny(request) -> Backbone:
     """Overrides conftest's Llama: every test below runs once per family."""
-    return Backbone.from_config(tiny_family_config(request.param), device="cpu", dtype=torch.float32, seed=0)
+    return Backbone.from_config(tiny_family_config(request.param), device=DEVICE, dtype=torch.float32, seed=0)
 
 
 @pytest.fixture(scope="module")

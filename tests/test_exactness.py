@@ -12,7 +12,7 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_llama_config
+from conftest import DEVICE, tiny_llama_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bcr_core.engine import kernels
@@ -36,7 +36,11 @@ class FlashOnly:
 
 @contextlib.contextmanager
 def kernels_differ_by_path(monkeypatch):
-    """Dense's default path on SDPA's math backend, the repair's blocked kernel on its flash backend."""
+    """Dense's default path on SDPA's math backend, the repair's blocked kernel on its flash backend; on a
+    GPU (`BCR_TEST_DEVICE=cuda`) the device's own choice, which differs by path already."""
+    if DEVICE != "cpu":
+        yield
+        return
     with monkeypatch.context() as patch, sdpa_kernel(SDPBackend.MATH):
         patch.setattr(kernels, "F", FlashOnly())
         yield
@@ -50,7 +54,7 @@ def tiny_speaking(chat_tokenizer, dtype, seed=0) -> Backbone:
         pad_token_id=chat_tokenizer.eos_token_id,
         initializer_range=0.05,
     )
-    bb = Backbone.from_config(config, device="cpu", dtype=dtype, seed=seed)
+    bb = Backbone.from_config(config, device=DEVICE, dtype=dtype, seed=seed)
     bb.tokenizer = chat_tokenizer
     return bb
 
