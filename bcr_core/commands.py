@@ -43,7 +43,7 @@ def cmd_verify(args) -> int:
         print(f"  max |dense - dense| across the default and the repair's kernel: {report.kernel_max_abs_err:.2e}")
         print(
             f"re-rotation max abs error: {report.rerotation_max_abs_err:.2e} "
-            f"(tolerance {report.rerotation_tolerance:.0e})"
+            f"(tolerance {report.rerotation_tolerance:.1e})"
         )
         print("PASS" if report.passed else "FAIL")
     return 0 if report.passed else 1

@@ -23,10 +23,11 @@ STEPS = 32
 
 
 def timed_ms(run, device) -> float:
-    torch.cuda.synchronize(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
+    sync(device)
     started = time.perf_counter()
     run()
-    torch.cuda.synchronize(device)
+    sync(device)
     return 1000 * (time.perf_counter() - started)
 
 
@@ -67,7 +68,8 @@ def main() -> None:
         report = verify(bb).to_dict()
         rows.append({"dtype": dtype, "verify": report, "replay": replay_check(bb, args.length)})
         del bb
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     print(json.dumps(rows, indent=2))
 
 

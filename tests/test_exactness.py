@@ -102,3 +102,15 @@ def test_a_row_left_stale_makes_verify_fail_in_every_dtype(chat_tokenizer, monke
     report = verify(bb)
     assert not report.passed
     assert report.repair_max_abs_err > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_rotation_one_position_off_makes_verify_fail_in_every_dtype(chat_tokenizer, monkeypatch, dtype):
+    """The half-precision tolerance is at the keys' own scale; a rotation by the wrong offset moves keys
+    by their size, and verify says FAIL."""
+    bb = tiny_speaking(chat_tokenizer, dtype)
+    rotate = bb.rerotate
+    monkeypatch.setattr(bb, "rerotate", lambda keys, delta, out=None: rotate(keys, delta + 1, out=out))
+    report = verify(bb)
+    assert not report.passed
+    assert report.rerotation_max_abs_err > report.rerotation_tolerance
