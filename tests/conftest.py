@@ -160,19 +160,24 @@ def gemma_tokenizer():
         pytest.skip(f"Gemma 3 270M is not available: {err}")
 
 
+def tiny_speaking(tokenizer, dtype=torch.float32, seed: int = 0) -> Backbone:
+    """A tiny random Llama speaking `tokenizer`'s vocabulary, in `dtype`."""
+    config = tiny_llama_config(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+        initializer_range=0.05,
+    )
+    bb = Backbone.from_config(config, device=DEVICE, dtype=dtype, seed=seed)
+    bb.tokenizer = tokenizer
+    return bb
+
+
 @pytest.fixture(scope="session")
 def tiny_chat(chat_tokenizer) -> Backbone:
     """A tiny random Llama speaking the real tokenizer's vocabulary: fast multi-agent pipelines."""
-    config = tiny_llama_config(
-        vocab_size=len(chat_tokenizer),
-        eos_token_id=chat_tokenizer.eos_token_id,
-        bos_token_id=chat_tokenizer.bos_token_id,
-        pad_token_id=chat_tokenizer.eos_token_id,
-        initializer_range=0.05,
-    )
-    bb = Backbone.from_config(config, device=DEVICE, dtype=torch.float32, seed=0)
-    bb.tokenizer = chat_tokenizer
-    return bb
+    return tiny_speaking(chat_tokenizer)
 
 
 def record_differences(fresh, wanted, rel: float = 1e-4, abs_: float = 1e-6, at: str = "") -> list[str]:

@@ -12,11 +12,10 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE, tiny_llama_config
+from conftest import DEVICE, tiny_speaking
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bcr_core.engine import kernels
-from bcr_core.engine.backbone import Backbone
 from bcr_core.probes.verify import cache_under_prefix, verify
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -44,19 +43,6 @@ def kernels_differ_by_path(monkeypatch):
     with monkeypatch.context() as patch, sdpa_kernel(SDPBackend.MATH):
         patch.setattr(kernels, "F", FlashOnly())
         yield
-
-
-def tiny_speaking(chat_tokenizer, dtype, seed=0) -> Backbone:
-    config = tiny_llama_config(
-        vocab_size=len(chat_tokenizer),
-        eos_token_id=chat_tokenizer.eos_token_id,
-        bos_token_id=chat_tokenizer.bos_token_id,
-        pad_token_id=chat_tokenizer.eos_token_id,
-        initializer_range=0.05,
-    )
-    bb = Backbone.from_config(config, device=DEVICE, dtype=dtype, seed=seed)
-    bb.tokenizer = chat_tokenizer
-    return bb
 
 
 def test_the_kernel_defect_reproduces_on_the_cpu_in_bf16(chat_tokenizer, monkeypatch):
