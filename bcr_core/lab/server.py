@@ -10,9 +10,10 @@ not replaced (a refill runs the whole notebook and loads another model beside th
 so once the pool is empty a page starts a kernel of its own, with Voila's progress line ("Executing 3
 of 20") until its figure is drawn. Past `max_kernels` kernels at once, a page says the room is full
 and tries again every half minute. A page that closes or reloads releases its kernel (Voila's page
-sends a shutdown as it unloads); a kernel whose page went without saying so (a browser that crashed)
-is culled after ten minutes without a connection (`app.CULL_IDLE_S`). The server's log (the instructor's console) says
-how many kernels are in use and free after each change.
+sends a shutdown as it unloads; the page is given the _xsrf cookie that shutdown needs); a kernel whose
+page went without saying so (a browser that crashed) is culled after ten minutes without a connection
+(`app.CULL_IDLE_S`). The server's log (the instructor's console) says how many kernels are in use and
+free after each change.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from traitlets import Integer
 from voila.app import Voila
 from voila.tornado.handler import TornadoVoilaHandler
 
-RELEASE_WAIT_S = 10.0  # a reload's request can arrive before the shutdown its old page sent as it unloaded
+RELEASE_WAIT_S = 5.0  # a reload's request can arrive before the shutdown its old page sent as it unloaded
 RETRY_S = 30  # the room-full page asks again this often
 FULL_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{retry}"><title>The room is full</title></head>
@@ -133,6 +134,10 @@ class RoomPage(TornadoVoilaHandler):
 
     @tornado.web.authenticated
     async def get(self, path=None):
+        # Voila's page posts a shutdown of its kernel as it unloads (a reload, a closed tab) with the _xsrf
+        # cookie's value, but Voila sets no such cookie: refused (403), the kernel stayed. Reading the token
+        # sets the cookie.
+        self.xsrf_token  # noqa: B018
         try:
             await super().get(path)
         except RoomFull:  # raised before the page wrote anything: Voila starts the kernel first
