@@ -329,7 +329,7 @@ class PooledManager:
 
 
 def test_the_room_hands_out_its_pool_then_fresh_kernels_then_says_it_is_full(monkeypatch, caplog):
-    server = pytest.importorskip("bcr_core.lab.server")
+    server = pytest.importorskip("bcr_core.explorer_server")
     monkeypatch.setattr(server, "RELEASE_WAIT_S", 0.5)
     caplog.set_level(logging.INFO, "room")
 

@@ -154,7 +154,7 @@ def holder(port: int) -> str:
         try:
             process = psutil.Process(pid)
             command = process.cmdline()
-            if "bcr_core.lab.server" in command:  # an explorer's server: name the explorer that started it
+            if "bcr_core.explorer_server" in command:  # an explorer's server: name the explorer that started it
                 process, command = process.parent(), process.parent().cmdline()
             if "explore" in command and any(Path(c).name in ("bcr", "bcr_core") for c in command[:3]):
                 return f"another bcr explore (pid {process.pid})"
@@ -255,7 +255,7 @@ def voila_command(
     listen_fd: int = -1,
     cap: int = 0,
 ) -> list[str]:
-    """The explorer's Voila server (`bcr_core.lab.server`) serving one notebook on `host`, on the socket
+    """The explorer's Voila server (`bcr_core.explorer_server`) serving one notebook on `host`, on the socket
     `listen_fd` when given: sources hidden, tracebacks shown (a lab, not a product). With `participants`,
     Voila's preheated kernel pool: that many kernels run the notebook before anyone asks, and each page
     takes one whose figure is already drawn (a taken one is not replaced). `cap` kernels at once at most
@@ -263,7 +263,7 @@ def voila_command(
     command = [
         sys.executable,
         "-m",
-        "bcr_core.lab.server",
+        "bcr_core.explorer_server",
         str(notebook),
         "--no-browser",
         f"--port={port}",
@@ -271,6 +271,7 @@ def voila_command(
         "--Voila.port_retries=0",
         f"--RoomVoila.listen_fd={listen_fd}",
         f"--RoomVoila.max_kernels={cap}",
+        f"--RoomVoila.ready_path={READY}",
         f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}",
         f"--MappingKernelManager.cull_interval={CULL_EVERY_S}",
         "--MappingKernelManager.cull_connected=False",
@@ -299,8 +300,11 @@ def voila_environment(explicit: tuple[str, ...] = (), preload: bool = False) -> 
     return os.environ | values | ({PRELOAD: "1"} if preload else {})
 
 
+READY = "/voila/bcr-ready"  # the explorer's server answers it at once (bcr_core.explorer_server.Ready)
+
+
 def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0, host: str = HOST) -> None:
-    """Return once the server on `host`:`port` answers HTTP (a static path: no kernel is started); raise
+    """Return once the server on `host`:`port` answers HTTP (a path that starts no kernel); raise
     if `process` exits first or time runs out. Connecting is not enough: the socket listens, and queues
     connections, from before the server starts."""
     deadline = time.monotonic() + timeout
@@ -309,10 +313,10 @@ def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0,
             raise ServerError(
                 f"voila did not start: the server exited with code {process.returncode} before serving on port {port}"
             )
-        connection = http.client.HTTPConnection(reachable(host), port, timeout=2)
+        connection = http.client.HTTPConnection(reachable(host), port, timeout=10)  # one request waits in the queue
         try:
-            connection.request("GET", "/voila/static/")
-            connection.getresponse()
+            connection.request("GET", READY)
+            connection.getresponse()  # any answer: also another server's, though one on our socket is ours
             return
         except OSError:
             time.sleep(0.2)

@@ -1,5 +1,6 @@
-"""The explorer's Voila server (`python -m bcr_core.lab.server`, started by `bcr explore`): Voila, serving on
-a socket `bcr explore` already bound, and keeping a room.
+"""The explorer's Voila server (`python -m bcr_core.explorer_server`, started by `bcr explore`): Voila,
+serving on a socket `bcr explore` already bound, and keeping a room. It lives outside `bcr_core.lab`, whose
+package imports torch: the server needs none of it.
 
 The socket: `bcr explore` binds and listens before it prints the URL and hands the socket over
 (`--RoomVoila.listen_fd`), so two explorers started on one port cannot both think they have it: the
@@ -26,8 +27,9 @@ import sys
 import tornado.web
 import voila.app
 from jupyter_core.utils import ensure_async
+from jupyter_server.utils import url_path_join
 from tornado.httpserver import HTTPServer
-from traitlets import Integer
+from traitlets import Integer, Unicode
 from voila.app import Voila
 from voila.tornado.handler import TornadoVoilaHandler
 
@@ -146,8 +148,16 @@ class RoomPage(TornadoVoilaHandler):
             self.finish(FULL_PAGE.format(cap=self.kernel_manager.cap, retry=RETRY_S))
 
 
+class Ready(tornado.web.RequestHandler):
+    """Answers `bcr explore`'s "are you serving yet?" (at `ready_path`) with nothing, unlogged (a 204)."""
+
+    def get(self):
+        self.set_status(204)
+
+
 class RoomVoila(Voila):
     listen_fd = Integer(-1, config=True, help="a listening socket to serve on, bound by `bcr explore`")
+    ready_path = Unicode("", config=True, help="a path answered at once, for `bcr explore` to see it serves")
     max_kernels = Integer(0, config=True, help="kernels at once, past which a page says the room is full (0: none)")
 
     def init_settings(self):
@@ -156,7 +166,9 @@ class RoomVoila(Voila):
 
     def init_handlers(self):
         handlers = super().init_handlers()
-        return [(route, RoomPage if h is TornadoVoilaHandler else h, *rest) for route, h, *rest in handlers]
+        page = [(route, RoomPage if h is TornadoVoilaHandler else h, *rest) for route, h, *rest in handlers]
+        ready = [(url_path_join(self.server_url, self.ready_path), Ready)] if self.ready_path else []
+        return [*ready, *page]  # before the page's catch-all route
 
     def listen(self):
         """Voila's listen (its log line, its loop, its stop), on the inherited socket instead of a new bind."""
