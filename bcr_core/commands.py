@@ -294,8 +294,9 @@ def cmd_explore(args) -> int:
             code = 0
         finally:
             app.stop(server)
-    if code:
-        raise app.ServerError(f"the explorer's server stopped with code {code}; its log is above")
+    if code:  # it stopped by itself: the URL printed no longer serves, and the exit code must not say success
+        how = f"was killed by signal {-code}" if code < 0 else f"stopped with code {code}"
+        raise app.ServerError(f"the explorer's server {how}; its log is above")
     return 0
 
 

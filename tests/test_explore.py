@@ -353,3 +353,22 @@ def test_the_room_hands_out_its_pool_then_fresh_kernels_then_says_it_is_full(mon
     assert "room: 2 kernels in use, 0 preheated free, at most 3 at once (a page took a preheated kernel)" in said
     assert "room: 3 kernels in use, 0 preheated free, at most 3 at once (a page was told the room is full)" in said
     assert "room: 2 kernels in use, 0 preheated free, at most 3 at once (a page closed or was reloaded)" in said
+
+
+def test_an_explorer_whose_server_dies_exits_non_zero_saying_so(tmp_path):
+    pytest.importorskip("voila")
+    psutil = pytest.importorskip("psutil")
+    port = app.free_port()
+    process, out, err = explorer(port, tmp_path, "a")
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None and "explorer: " not in out.read_text():
+            time.sleep(0.2)
+        (server,) = psutil.Process(process.pid).children()
+        server.kill()
+        assert process.wait(timeout=60) == 2
+    finally:
+        if process.poll() is None:
+            process.kill()
+    last = err.read_text().splitlines()[-1]
+    assert last == "bcr explore: error: the explorer's server was killed by signal 9; its log is above"
