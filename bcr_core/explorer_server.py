@@ -75,8 +75,10 @@ def room_kernel_manager(base: type) -> type:
             return bool(self.cap) and self.free() == 0 and self.in_use() + self._starting >= self.cap
 
         def say(self, what: str) -> None:
-            cap = f", at most {self.cap} at once" if self.cap else ""
-            self.log.info("room: %d kernels in use, %d preheated free%s (%s)", self.in_use(), self.free(), cap, what)
+            """One line on the instructor's console: kernels in use, free, and how many more may start."""
+            used, free = self.in_use(), self.free()
+            more = f", {max(self.cap - used - free, 0)} more can start (at most {self.cap})" if self.cap else ""
+            self.log.info("room: %d kernels in use, %d preheated free%s; %s", used, free, more, what)
 
         def fill_if_needed(self, delay=None, notebook_name=None, **kwargs):
             if delay is None:  # Voila refilling the place of a kernel a page just took: not while the room runs

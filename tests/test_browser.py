@@ -420,11 +420,12 @@ def test_a_room_serves_pages_past_its_pool_and_reloads_then_says_it_is_full(expl
         line.split("room: ", 1)[1] for line in (tmp_path / "voila.log").read_text().splitlines() if "room: " in line
     ]
     assert said[:2] == [
-        f"{n} kernels in use, {POOL - n} preheated free, at most {CAP} at once (a page took a preheated kernel)"
+        f"{n} kernels in use, {POOL - n} preheated free, {CAP - POOL} more can start (at most {CAP}); "
+        "a page took a preheated kernel"
         for n in (1, 2)
     ], said
-    assert "3 kernels in use, 0 preheated free, at most 3 at once (a page was told the room is full)" in said
-    assert len([line for line in said if line.endswith("(a page closed or was reloaded)")]) == POOL
+    assert "3 kernels in use, 0 preheated free, 0 more can start (at most 3); a page was told the room is full" in said
+    assert len([line for line in said if line.endswith("; a page closed or was reloaded")]) == POOL
     assert server_errors((tmp_path / "voila.log").read_text()) == []
 
 

@@ -350,9 +350,16 @@ def test_the_room_hands_out_its_pool_then_fresh_kernels_then_says_it_is_full(mon
 
     asyncio.run(room())
     said = [r.getMessage() for r in caplog.records]
-    assert "room: 2 kernels in use, 0 preheated free, at most 3 at once (a page took a preheated kernel)" in said
-    assert "room: 3 kernels in use, 0 preheated free, at most 3 at once (a page was told the room is full)" in said
-    assert "room: 2 kernels in use, 0 preheated free, at most 3 at once (a page closed or was reloaded)" in said
+    assert (
+        "room: 2 kernels in use, 0 preheated free, 1 more can start (at most 3); a page took a preheated kernel" in said
+    )
+    assert (
+        "room: 3 kernels in use, 0 preheated free, 0 more can start (at most 3); a page was told the room is full"
+        in said
+    )
+    assert (
+        "room: 2 kernels in use, 0 preheated free, 1 more can start (at most 3); a page closed or was reloaded" in said
+    )
 
 
 def test_an_explorer_whose_server_dies_exits_non_zero_saying_so(tmp_path):
