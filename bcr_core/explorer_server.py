@@ -13,8 +13,8 @@ of 20") until its figure is drawn. Past `max_kernels` kernels at once, a page sa
 and tries again every half minute. A page that closes or reloads releases its kernel (Voila's page
 sends a shutdown as it unloads; the page is given the _xsrf cookie that shutdown needs); a kernel whose
 page went without saying so (a browser that crashed) is culled after ten minutes without a connection
-(`app.CULL_IDLE_S`). The server's log (the instructor's console) says how many kernels are in use and
-free after each change.
+(`bcr_core.lab.app.CULL_IDLE_S`). The server's log (the instructor's console) says after each change how
+many kernels are in use, how many preheated ones are free and how many more may start.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ figure, under no control, cell or segment name: screen geometry), and neither th
 nor JupyterLab's log console holds an error. The HTML report's static copy is checked the same way.
 In both frontends, ticking "decode the repaired answer" then shows an answer decoded live with the
 model (the one place these tests load it), and four pages opened on the app at once each reach the
-figure and move a control.
+figure and move a control. A room (`--participants`) serves pages past its preheated pool, says it is
+full past its cap, and gives a reloaded page a fresh kernel for the one it releases.
 
 Chromium comes from the system (`make setup` installs Debian's `chromium` when it is missing and it
 can); the tests skip without it, except where BCR_REQUIRE_BROWSER is set (CI), where they fail.
