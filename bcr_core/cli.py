@@ -223,7 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="preheat N kernels with the inspection read and the model loaded, so each of N pages gets its "
-        "first figure at once (memory: see docs/workshop.md)",
+        "first figure at once; later pages start a kernel of their own (memory: see docs/workshop.md)",
+    )
+    explore.add_argument(
+        "--max-kernels",
+        type=int,
+        default=None,
+        metavar="M",
+        help="at most M kernels at once; past them a page says the room is full (default: twice --participants; "
+        "no cap without it)",
     )
     explore.add_argument(
         "-p",

@@ -258,8 +258,8 @@ def cmd_explore(args) -> int:
 
     parameters = read_parameters(args.parameter) | command_line_model(args)
     app.check_participants(args.participants)
-    app.check_port(args.port, args.host)
-    with tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:
+    cap = app.max_kernels(args.participants, args.max_kernels)
+    with app.claim_port(args.port, args.host) as claimed, tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:
         prepared = app.explorer_notebook(parameters, Path(folder), results=args.results)
         url = app.url_of(args.host, args.port)
         source = (
@@ -270,23 +270,39 @@ def cmd_explore(args) -> int:
         )
         if args.participants:
             source += f"; {args.participants} kernels preheated with the model loaded"
-        said = {"url": url, "saved": str(prepared.saved or ""), "participants": args.participants or 0}
+        if cap:
+            source += f"; at most {cap} kernels at once, then a page says the room is full"
+        said = {
+            "url": url,
+            "saved": str(prepared.saved or ""),
+            "participants": args.participants or 0,
+            "max_kernels": cap,
+        }
         if args.check:
             print(json.dumps(said) if args.json else f"ok: {source}")
             return 0
         server = app.start(
-            prepared.notebook, args.port, explicit=prepared.explicit, host=args.host, participants=args.participants
+            prepared.notebook,
+            args.port,
+            explicit=prepared.explicit,
+            host=args.host,
+            participants=args.participants,
+            claimed=claimed,
+            cap=cap,
         )
-        print(json.dumps(said) if args.json else f"explorer: {url}\n{source}")
+        print(json.dumps(said) if args.json else f"explorer: {url}\n{source}", flush=True)
         if args.host != app.HOST:
             print(app.WARNING.format(url=url), file=sys.stderr, flush=True)
         print("Ctrl-C stops it.", file=sys.stderr, flush=True)
         try:
-            server.wait()
+            code = server.wait()
         except KeyboardInterrupt:
-            pass
+            code = 0
         finally:
             app.stop(server)
+    if code:  # it stopped by itself: the URL printed no longer serves, and the exit code must not say success
+        how = f"was killed by signal {-code}" if code < 0 else f"stopped with code {code}"
+        raise app.ServerError(f"the explorer's server {how}; its log is above")
     return 0
 
 

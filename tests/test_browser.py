@@ -7,7 +7,8 @@ figure, under no control, cell or segment name: screen geometry), and neither th
 nor JupyterLab's log console holds an error. The HTML report's static copy is checked the same way.
 In both frontends, ticking "decode the repaired answer" then shows an answer decoded live with the
 model (the one place these tests load it), and four pages opened on the app at once each reach the
-figure and move a control.
+figure and move a control. A room (`--participants`) serves pages past its preheated pool, says it is
+full past its cap, and gives a reloaded page a fresh kernel for the one it releases.
 
 Chromium comes from the system (`make setup` installs Debian's `chromium` when it is missing and it
 can); the tests skip without it, except where BCR_REQUIRE_BROWSER is set (CI), where they fail.
@@ -355,6 +356,77 @@ def test_a_room_of_four_pages_at_once_each_reaches_the_figure_and_moves_a_contro
     assert all(moved_title in p.title for p in moved), [p.title for p in moved]
     assert [p.errors for p in moved] == [[]] * len(moved)
     assert kernels == ROOM  # one kernel per page
+    assert server_errors((tmp_path / "voila.log").read_text()) == []
+
+
+POOL, CAP = 2, 3  # a room of two preheated kernels, three at most: small enough for a few minutes on 2 cores
+PAGE_S = 240  # the stated time: every page draws its figure (or says the room is full) within it
+PROGRESS = "() => { const t = document.getElementById('loading_text'); return t ? t.textContent : null; }"
+FULL = "() => { const h = document.getElementById('room-full'); return h ? h.textContent : null; }"
+
+
+def arrive(browser, url: str):
+    """A participant's page, its request sent and the answer started (the page itself comes in a stream)."""
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.goto(url, wait_until="commit", timeout=PAGE_S * 1000)
+    return page
+
+
+def drawn(page, started: float) -> float:
+    """Seconds from `started` to the explorer's figure drawn on `page`, within PAGE_S of it."""
+    left = PAGE_S - (time.perf_counter() - started)
+    page.wait_for_function(f"() => ({room.TITLE})() !== null", timeout=max(left, 1) * 1000, polling=room.POLL_MS)
+    return time.perf_counter() - started
+
+
+def test_a_room_serves_pages_past_its_pool_and_reloads_then_says_it_is_full(explorer_setup, tmp_path, capsys):
+    """A pool of two: two pages take its kernels; a third (a late participant) starts a kernel of its own
+    with a progress line in the page; a fourth (a second tab) finds the cap of three reached and is told
+    the room is full; then the first two pages reload, each releasing its kernel and drawing the figure
+    again. Every page within PAGE_S; the server's log (the instructor's console) counts the kernels."""
+    prepared, _ = explorer_setup
+    port = app.free_port()
+    url, report = f"http://127.0.0.1:{port}/", {}
+    with open(tmp_path / "voila.log", "w") as log:
+        server = app.start(prepared.notebook, port, log, participants=POOL, cap=CAP)
+        try:
+            report["pool ready s"] = round(room.wait_settled(server, POOL), 1)
+            with playwright_api.sync_playwright() as p:
+                browser, _ = launch(p)
+                started = time.perf_counter()
+                first = [arrive(browser, url) for _ in range(POOL)]
+                report["pool pages s"] = [round(drawn(page, started), 1) for page in first]
+                started = time.perf_counter()
+                late = arrive(browser, url)
+                late.wait_for_function(f"() => /Executing \\d+ of \\d+/.test(({PROGRESS})())", timeout=PAGE_S * 1000)
+                report["page past the pool s"] = round(drawn(late, started), 1)
+                started = time.perf_counter()
+                extra = arrive(browser, url)
+                extra.wait_for_function(f"() => ({FULL})() !== null", timeout=PAGE_S * 1000)
+                report["room full page s"] = round(time.perf_counter() - started, 1)
+                assert "All 3 kernels" in extra.inner_text("body")
+                extra.context.close()  # it would try again in half a minute and take a place a reload frees
+                started = time.perf_counter()
+                for page in first:
+                    page.reload(wait_until="commit", timeout=PAGE_S * 1000)
+                report["reloads s"] = [round(drawn(page, started), 1) for page in first]
+                browser.close()
+            time.sleep(5)  # the last shutdowns land
+            kernels = len(room.kernels(server))
+        finally:
+            app.stop(server)
+    report_line(f"room of {POOL}, at most {CAP}", report, capsys)
+    assert kernels == CAP  # the reloaded pages' old kernels were released: two reloads and the late page
+    said = [
+        line.split("room: ", 1)[1] for line in (tmp_path / "voila.log").read_text().splitlines() if "room: " in line
+    ]
+    assert said[:2] == [
+        f"{n} kernels in use, {POOL - n} preheated free, {CAP - POOL} more can start (at most {CAP}); "
+        "a page took a preheated kernel"
+        for n in (1, 2)
+    ], said
+    assert "3 kernels in use, 0 preheated free, 0 more can start (at most 3); a page was told the room is full" in said
+    assert len([line for line in said if line.endswith("; a page closed or was reloaded")]) == POOL
     assert server_errors((tmp_path / "voila.log").read_text()) == []
 
 

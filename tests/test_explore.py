@@ -3,8 +3,18 @@ views; the committed one matches notebook 09's defaults; bad arguments are one-l
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+import types
+import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +24,7 @@ from bcr_core.cli import main
 from bcr_core.errors import UsageError
 from bcr_core.lab import app
 from bcr_core.lab import saved_inspection as saved
+from bcr_core.paths import CHECKOUT
 from bcr_core.repair.layouts import LayoutConfig
 
 SETTINGS = dict(
@@ -150,18 +161,71 @@ def test_explore_sees_a_port_held_on_the_ipv6_loopback(capsys):
         port = busy.getsockname()[1]
         assert not app.port_free(port)
         assert main(["explore", "--check", "--port", str(port)]) == 2
-    assert "is in use; pick another with --port" in capsys.readouterr().err
+    assert f"port {port} on localhost ([::1]) is in use by pid {os.getpid()} (" in capsys.readouterr().err
     assert main(["explore", "--check", "--json", "--port", str(app.free_port())]) == 0
     assert json.loads(capsys.readouterr().out)["url"].startswith("http://127.0.0.1:")  # where Voila listens
 
 
-def test_explore_on_a_busy_port_is_a_one_line_error(capsys):
+def test_explore_on_a_busy_port_is_a_one_line_error_naming_what_holds_it(capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        assert main(["explore", "--port", str(busy.getsockname()[1])]) == 2
+        port = busy.getsockname()[1]
+        assert main(["explore", "--port", str(port)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is in use; pick another with --port" in err
+    assert err.count("\n") == 1 and f"port {port} on localhost (127.0.0.1) is in use by pid {os.getpid()} (" in err, err
+    assert err.endswith("; pick another with --port\n")
+
+
+def explorer(port: int, folder: Path, name: str) -> tuple[subprocess.Popen, Path, Path]:
+    """`bcr explore` on `port` as a user starts it, on this checkout's code: the process, its stdout and stderr."""
+    out, err = folder / f"{name}.out", folder / f"{name}.err"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "bcr_core", "explore", "--port", str(port)]
+    with open(out, "w") as o, open(err, "w") as e:
+        return subprocess.Popen(command, stdout=o, stderr=e, env=env), out, err
+
+
+def page_answers(url: str) -> str:
+    """The first bytes of the explorer's page at `url` (the request starts a kernel: the server is stopped after)."""
+    with urllib.request.urlopen(url, timeout=120) as response:
+        assert response.status == 200
+        return response.read(4000).decode(errors="replace")
+
+
+def test_two_explorers_started_together_on_one_port_one_serves_the_other_says_who_holds_it(tmp_path):
+    pytest.importorskip("voila")
+    port = app.free_port()
+    started = [explorer(port, tmp_path, name) for name in ("a", "b")]  # in the same instant
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not any(
+            p.poll() is not None and out.read_text() == "" for p, out, _ in started
+        ):
+            time.sleep(0.2)
+        losers = [s for s in started if s[0].poll() is not None]
+        winners = [s for s in started if s[0].poll() is None]
+        assert len(losers) == 1 and len(winners) == 1, [(p.poll(), err.read_text()[-500:]) for p, _, err in started]
+        (loser, loser_out, loser_err), (winner, winner_out, _) = losers[0], winners[0]
+        assert loser.returncode == 2 and loser_out.read_text() == ""  # no URL from the one that does not serve
+        said = loser_err.read_text()
+        assert said.count("\n") == 1, said
+        assert said == (
+            f"bcr explore: error: port {port} on localhost (127.0.0.1) is in use by another bcr explore "
+            f"(pid {winner.pid}); pick another with --port\n"
+        )
+        while time.monotonic() < deadline and winner.poll() is None and "explorer: " not in winner_out.read_text():
+            time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}/"
+        assert winner_out.read_text().startswith(f"explorer: {url}\n")
+        assert "<title>09_attention_explorer</title>" in page_answers(url)
+        assert winner.poll() is None
+    finally:
+        for p, _, _ in started:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)  # Ctrl-C
+                p.wait(timeout=60)
+    assert winner.returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -191,12 +255,127 @@ def test_explore_for_a_room_says_the_address_participants_type(capsys):
     assert "anyone who can reach http://10.1.2.3:80/ can use the app" in warning and "\n" not in warning
 
 
-def test_participants_preheat_that_many_kernels_with_the_model_loading():
+def test_participants_preheat_that_many_kernels_with_the_model_loading_and_cap_the_room():
     from bcr_core.lab.live import PRELOAD
 
     plain = app.voila_command(app.NOTEBOOK, 8866)
     assert "--Voila.ip=127.0.0.1" in plain and not [a for a in plain if "preheat" in a or "pool_size" in a]
-    room = app.voila_command(app.NOTEBOOK, 8866, "0.0.0.0", participants=8)
-    assert "--Voila.ip=0.0.0.0" in room
+    assert "--RoomVoila.max_kernels=0" in plain and "--MappingKernelManager.cull_connected=False" in plain
+    room = app.voila_command(app.NOTEBOOK, 8866, "0.0.0.0", participants=8, listen_fd=5, cap=16)
+    assert "--Voila.ip=0.0.0.0" in room and "--RoomVoila.listen_fd=5" in room and "--RoomVoila.max_kernels=16" in room
     assert {"--VoilaConfiguration.preheat_kernel=True", "--VoilaConfiguration.default_pool_size=8"} <= set(room)
+    assert not [a for a in room if "fill_delay" in a]  # the room keeps its pool from refilling, not a delay
     assert app.voila_environment(preload=True)[PRELOAD] == "1" and app.voila_environment()[PRELOAD] == ""
+    assert app.max_kernels(None, None) == 0 and app.max_kernels(4, None) == 8 and app.max_kernels(4, 5) == 5
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-kernels", "0"], "--max-kernels must be at least 1, got 0"),
+        (["--participants", "4", "--max-kernels", "3"], "--max-kernels 3 is below --participants 4"),
+    ],
+)
+def test_explore_bad_max_kernels_is_a_one_line_error(args, message, capsys):
+    assert main(["explore", "--check", "--port", str(app.free_port()), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bcr explore: error: ") and message in err, err
+
+
+def test_explore_check_says_the_rooms_cap(capsys):
+    assert main(["explore", "--check", "--json", "--port", str(app.free_port()), "--participants", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_kernels"] == 6
+    assert (
+        main(["explore", "--check", "--port", str(app.free_port()), "--participants", "3", "--max-kernels", "4"]) == 0
+    )
+    assert "at most 4 kernels at once, then a page says the room is full" in capsys.readouterr().out
+
+
+class PooledManager:
+    """A stand-in for Voila's pooled kernel manager: `pool` kernels preheated, kernels that start at once,
+    and Voila's refill call after a page takes a pool kernel (recorded, as `fills`)."""
+
+    def __init__(self, pool: int = 2, cap: int = 3):
+        self.parent, self.log = types.SimpleNamespace(max_kernels=cap), logging.getLogger("room")
+        self.kernels = [f"pool-{i}" for i in range(pool)]
+        self._pools = {"nb": [self.ready({"kernel_id": k}) for k in self.kernels]}
+        self.fills, self.started = [], 0
+
+    @staticmethod
+    def ready(value):
+        future = asyncio.get_event_loop().create_future()
+        future.set_result(value)
+        return future
+
+    def list_kernel_ids(self):
+        return list(self.kernels)
+
+    async def get_rendered_notebook(self, notebook_name, **kwargs):
+        content = await self._pools[notebook_name].pop(0)
+        self.fill_if_needed(delay=None, notebook_name=notebook_name)  # as Voila does after a take
+        return None, [], content["kernel_id"]
+
+    def fill_if_needed(self, delay=None, notebook_name=None, **kwargs):
+        self.fills.append(delay)
+
+    async def start_kernel(self, **kwargs):
+        await asyncio.sleep(0.05)
+        self.started += 1
+        self.kernels.append(f"fresh-{self.started}")
+        return self.kernels[-1]
+
+    async def shutdown_kernel(self, kernel_id, **kwargs):
+        self.kernels.remove(kernel_id)
+
+
+def test_the_room_hands_out_its_pool_then_fresh_kernels_then_says_it_is_full(monkeypatch, caplog):
+    server = pytest.importorskip("bcr_core.explorer_server")
+    monkeypatch.setattr(server, "RELEASE_WAIT_S", 0.5)
+    caplog.set_level(logging.INFO, "room")
+
+    async def room():
+        manager = server.room_kernel_manager(PooledManager)()
+        taken = [(await manager.get_rendered_notebook("nb"))[2] for _ in range(2)]
+        assert taken == ["pool-0", "pool-1"] and manager.fills == []  # the pool empties: no refill waits in it
+        assert (manager.in_use(), manager.free(), manager.full()) == (2, 0, False)
+        # two pages past the pool at once, one place left under the cap of 3: one kernel, one room-full
+        results = await asyncio.gather(manager.start_kernel(), manager.start_kernel(), return_exceptions=True)
+        assert sorted(map(type, results), key=str) == sorted([str, server.RoomFull], key=str), results
+        assert manager.in_use() == 3 and manager.full()
+        # a reload: its new page asks before the old page's shutdown lands, and gets the place it frees
+        asking = asyncio.ensure_future(manager.start_kernel())
+        await asyncio.sleep(0.1)
+        await manager.shutdown_kernel("pool-0")
+        assert await asking == "fresh-2" and manager.in_use() == 3
+
+    asyncio.run(room())
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        "room: 2 kernels in use, 0 preheated free, 1 more can start (at most 3); a page took a preheated kernel" in said
+    )
+    assert (
+        "room: 3 kernels in use, 0 preheated free, 0 more can start (at most 3); a page was told the room is full"
+        in said
+    )
+    assert (
+        "room: 2 kernels in use, 0 preheated free, 1 more can start (at most 3); a page closed or was reloaded" in said
+    )
+
+
+def test_an_explorer_whose_server_dies_exits_non_zero_saying_so(tmp_path):
+    pytest.importorskip("voila")
+    psutil = pytest.importorskip("psutil")
+    port = app.free_port()
+    process, out, err = explorer(port, tmp_path, "a")
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None and "explorer: " not in out.read_text():
+            time.sleep(0.2)
+        (server,) = psutil.Process(process.pid).children()
+        server.kill()
+        assert process.wait(timeout=60) == 2
+    finally:
+        if process.poll() is None:
+            process.kill()
+    last = err.read_text().splitlines()[-1]
+    assert last == "bcr explore: error: the explorer's server was killed by signal 9; its log is above"

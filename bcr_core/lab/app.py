@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import errno
+import http.client
 import os
 import socket
 import subprocess
@@ -32,7 +33,8 @@ TEMPLATES = Path(__file__).parent / "voila"  # on JUPYTER_PATH: voila/templates/
 # plotly's JupyterLab renderer fails in Voila's older frontend ("setData is not a function"); without
 # it the static copy of the figure shows through its HTML output instead
 DENIED_EXTENSIONS = ["jupyterlab-plotly"]
-REFILL_DELAY_S = 24 * 3600  # a preheated kernel's place in the pool is refilled this long after a page took it
+CULL_IDLE_S = 600  # a kernel no page has been connected to for this long is shut down (a page that vanished)
+CULL_EVERY_S = 60
 
 
 class ServerError(UsageError):
@@ -106,21 +108,26 @@ EVERYWHERE = {"0.0.0.0": "127.0.0.1", "::": "::1"}  # wildcard addresses, and wh
 WARNING = "warning: anyone who can reach {url} can use the app; serve it only on a network you trust"
 
 
+LOOPBACKS = ((socket.AF_INET, HOST), (socket.AF_INET6, "::1"))
+
+
+def bindable(family: int, address: str, port: int) -> bool:
+    """Nothing holds `address`:`port` (an address this machine lacks, [::1] without IPv6, holds nothing)."""
+    try:
+        s = socket.socket(family)
+    except OSError:  # no IPv6 on this machine
+        return True
+    with s:
+        try:
+            s.bind((address, port))
+        except OSError as err:
+            return err.errno == errno.EADDRNOTAVAIL
+    return True
+
+
 def port_free(port: int) -> bool:
     """Nothing holds `port` on either loopback (a browser given "localhost" may try [::1] first)."""
-    for family, address in ((socket.AF_INET, HOST), (socket.AF_INET6, "::1")):
-        try:
-            s = socket.socket(family)
-        except OSError:  # no IPv6 on this machine: nothing can hold [::1]
-            continue
-        with s:
-            try:
-                s.bind((address, port))
-            except OSError as err:
-                if family == socket.AF_INET6 and err.errno == errno.EADDRNOTAVAIL:
-                    continue  # no ::1 configured
-                return False
-    return True
+    return all(bindable(family, address, port) for family, address in LOOPBACKS)
 
 
 def free_port() -> int:
@@ -133,30 +140,71 @@ def free_port() -> int:
             return port
 
 
-def check_port(port: int, host: str = HOST) -> None:
+def holder(port: int) -> str:
+    """Who listens on `port`, as a user can act on it: another explorer, a process by pid and command, or
+    "another process" (one of another user, or a machine that does not say)."""
+    import psutil
+
+    try:
+        listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid]
+        pids = {c.pid for c in listening if c.laddr and c.laddr.port == port}
+    except (psutil.AccessDenied, OSError):
+        pids = set()
+    for pid in sorted(pids):
+        try:
+            process = psutil.Process(pid)
+            command = process.cmdline()
+            if "bcr_core.explorer_server" in command:  # an explorer's server: name the explorer that started it
+                process, command = process.parent(), process.parent().cmdline()
+            if "explore" in command and any(Path(c).name in ("bcr", "bcr_core") for c in command[:3]):
+                return f"another bcr explore (pid {process.pid})"
+            shown = " ".join([Path(command[0]).name, *command[1:]]) if command else process.name()
+            return f"pid {process.pid} ({shown[:60]})"
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            continue
+    return "another process"
+
+
+def in_use(port: int, where: str) -> UsageError:
+    return UsageError(f"port {port} on {where} is in use by {holder(port)}; pick another with --port")
+
+
+def claim_port(port: int, host: str = HOST) -> socket.socket:
+    """A socket bound to `host`:`port` and listening, for the server to take over: the kernel gives a port
+    to one bind only, so of two explorers started at once on one port exactly one gets it. A one-line
+    error naming what holds the port otherwise."""
     if not 1 <= port <= 65535:
         raise UsageError(f"--port must be in 1-65535, got {port}")
-    if host == HOST and not port_free(port):
-        raise UsageError(f"port {port} on localhost (127.0.0.1 or [::1]) is in use; pick another with --port")
-    if host != HOST:
-        check_host(host, port)
-
-
-def check_host(host: str, port: int) -> None:
-    """`host` is an address of this machine (or a wildcard) where `port` is free: a one-line error otherwise."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as err:
         raise UsageError(f"--host {host!r} is not an address or a name this machine can resolve ({err})") from None
     family, _, _, _, address = infos[0]
-    with socket.socket(family) as s:
-        try:
-            s.bind(address)
-        except OSError as err:
-            why = "in use" if err.errno == errno.EADDRINUSE else "not an address of this machine"
-            raise UsageError(
-                f"cannot listen on {host} port {port}: {why} ({err.strerror}); pick another --host or --port"
-            ) from None
+    s = socket.socket(family)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tornado does: a closed server's TIME_WAIT
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind(address)
+        s.listen(128)
+        if host == HOST and not bindable(socket.AF_INET6, "::1", port):  # free on 127.0.0.1, held on [::1]
+            raise in_use(port, "localhost ([::1])")
+    except OSError as err:
+        s.close()
+        if err.errno == errno.EADDRINUSE:
+            raise in_use(port, "localhost (127.0.0.1)" if host == HOST else host) from None
+        raise UsageError(
+            f"cannot listen on {host} port {port}: not an address of this machine ({err.strerror}); pick another --host"
+        ) from None
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def check_port(port: int, host: str = HOST) -> None:
+    """`claim_port` without keeping the port: what `bcr explore --check` says."""
+    claim_port(port, host).close()
 
 
 def check_participants(participants: int | None) -> None:
@@ -188,19 +236,45 @@ def url_of(host: str, port: int) -> str:
     return f"http://[{address}]:{port}/" if ":" in address else f"http://{address}:{port}/"
 
 
-def voila_command(notebook: Path, port: int, host: str = HOST, participants: int | None = None) -> list[str]:
-    """Voila serving one notebook on `host`: sources hidden, tracebacks shown (a lab, not a product).
-    With `participants`, Voila's preheated kernel pool: that many kernels run the notebook before
-    anyone asks, and each page takes one whose figure is already drawn (the pool refills behind it)."""
+def max_kernels(participants: int | None, given: int | None) -> int:
+    """The room's cap on kernels at once (0: none): as given, else twice the preheated pool."""
+    if given is not None and given < 1:
+        raise UsageError(f"--max-kernels must be at least 1, got {given}")
+    if given is not None and participants and given < participants:
+        raise UsageError(
+            f"--max-kernels {given} is below --participants {participants}: the pool alone needs that many"
+        )
+    return given if given is not None else 2 * (participants or 0)
+
+
+def voila_command(
+    notebook: Path,
+    port: int,
+    host: str = HOST,
+    participants: int | None = None,
+    listen_fd: int = -1,
+    cap: int = 0,
+) -> list[str]:
+    """The explorer's Voila server (`bcr_core.explorer_server`) serving one notebook on `host`, on the socket
+    `listen_fd` when given: sources hidden, tracebacks shown (a lab, not a product). With `participants`,
+    Voila's preheated kernel pool: that many kernels run the notebook before anyone asks, and each page
+    takes one whose figure is already drawn (a taken one is not replaced). `cap` kernels at once at most
+    (0: no cap); a kernel no page is connected to is culled after CULL_IDLE_S."""
     command = [
         sys.executable,
         "-m",
-        "voila",
+        "bcr_core.explorer_server",
         str(notebook),
         "--no-browser",
         f"--port={port}",
         f"--Voila.ip={host}",
         "--Voila.port_retries=0",
+        f"--RoomVoila.listen_fd={listen_fd}",
+        f"--RoomVoila.max_kernels={cap}",
+        f"--RoomVoila.ready_path={READY}",
+        f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}",
+        f"--MappingKernelManager.cull_interval={CULL_EVERY_S}",
+        "--MappingKernelManager.cull_connected=False",
         "--VoilaConfiguration.strip_sources=True",
         "--VoilaConfiguration.show_tracebacks=True",
         "--template=bcr",
@@ -210,10 +284,6 @@ def voila_command(notebook: Path, port: int, host: str = HOST, participants: int
         command += [
             "--VoilaConfiguration.preheat_kernel=True",
             f"--VoilaConfiguration.default_pool_size={participants}",
-            # a taken kernel is not replaced while the class runs: a refill runs the whole notebook and
-            # loads another model, slowing the pages just handed out and doubling the room's memory; a
-            # page past the pool (or a reload) gets a fresh kernel, as without --participants
-            f"--VoilaKernelManager.fill_delay={REFILL_DELAY_S}",
         ]
     return command
 
@@ -230,18 +300,29 @@ def voila_environment(explicit: tuple[str, ...] = (), preload: bool = False) -> 
     return os.environ | values | ({PRELOAD: "1"} if preload else {})
 
 
+READY = "/voila/bcr-ready"  # the explorer's server answers it at once (bcr_core.explorer_server.Ready)
+
+
 def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120.0, host: str = HOST) -> None:
-    """Return once something listens on `host`:`port`; raise if `process` exits first or time runs out."""
+    """Return once the server on `host`:`port` answers HTTP (a path that starts no kernel); raise
+    if `process` exits first or time runs out. Connecting is not enough: the socket listens, and queues
+    connections, from before the server starts."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerError(
-                f"voila did not start: the server exited with code {process.returncode} before listening on port {port}"
+                f"voila did not start: the server exited with code {process.returncode} before serving on port {port}"
             )
-        with contextlib.suppress(OSError), socket.create_connection((reachable(host), port), timeout=1):
+        connection = http.client.HTTPConnection(reachable(host), port, timeout=10)  # one request waits in the queue
+        try:
+            connection.request("GET", READY)
+            connection.getresponse()  # any answer: also another server's, though one on our socket is ours
             return
-        time.sleep(0.2)
-    raise ServerError(f"voila did not start: nothing listens on port {port} after {timeout:.0f} s")
+        except OSError:
+            time.sleep(0.2)
+        finally:
+            connection.close()
+    raise ServerError(f"voila did not start: nothing answers on port {port} after {timeout:.0f} s")
 
 
 def start(
@@ -251,24 +332,31 @@ def start(
     explicit: tuple[str, ...] = (),
     host: str = HOST,
     participants: int | None = None,
+    claimed: socket.socket | None = None,
+    cap: int | None = None,
 ) -> subprocess.Popen:
-    """Voila serving `notebook` on `host`:`port` (with `participants` kernels preheated), running once it
-    listens (stop it with `stop`)."""
+    """The explorer's server serving `notebook` on `host`:`port` (with `participants` kernels preheated, at
+    most `cap` kernels at once), running once it answers (stop it with `stop`). It serves on `claimed`,
+    the port's socket already bound, else binds it here."""
     try:
         import voila  # noqa: F401
     except ImportError:
         raise UsageError(
             f"voila is not installed in this environment; `{sys.executable} -m pip install voila`"
         ) from None
-    process = subprocess.Popen(
-        voila_command(notebook, port, host, participants),
-        stdout=log,
-        stderr=subprocess.STDOUT if log else None,
-        env=voila_environment(explicit, preload=bool(participants)),
-    )
+    cap = max_kernels(participants, None) if cap is None else cap
+    listening = claimed or claim_port(port, host)
+    with listening:  # the server holds its own copy; this one goes once it is handed over
+        process = subprocess.Popen(
+            voila_command(notebook, port, host, participants, listening.fileno(), cap),
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            env=voila_environment(explicit, preload=bool(participants)),
+            pass_fds=(listening.fileno(),),
+        )
     try:
         wait_listening(port, process, host=host)
-    except BaseException:  # it never listened, or the wait was interrupted: no server is left behind
+    except BaseException:  # it never served, or the wait was interrupted: no server is left behind
         stop(process)
         raise
     return process
