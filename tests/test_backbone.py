@@ -68,6 +68,25 @@ def test_repair_equals_dense_at_every_layer_and_hf_own_forward_agrees(tiny, case
     assert torch.allclose(tiny.forced_logits(dense, last, tokens), hf, atol=1e-4)
 
 
+def test_the_static_serving_path_decodes_as_hf_own_cache_does(tiny, case):
+    """Greedy decoding over the static slab (`engine.static`) against HF's own decode loop with its default
+    cache, in every family (sliding layers windowed by HF by row, by the slab's mask by position): the
+    same tokens, logits equal to float rounding."""
+    cached, last, _, _ = case
+    ours = tiny.generate(tiny.prefill(cached), last, 24, stop_ids=(), keep_logits=True)
+    with torch.inference_mode():
+        out = tiny.model(input_ids=torch.tensor([cached]), use_cache=True)
+        cache, token, tokens = out.past_key_values, last, []
+        for step in range(24):
+            out = tiny.model(
+                input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(cached) + step]]), cache=cache
+            )
+            cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            assert torch.allclose(ours.logits[step], out.logits[0, -1].float(), atol=1e-4), step
+            tokens.append(token)
+    assert ours.tokens == tokens
+
+
 def test_sliding_windows_shape_the_cache(tiny, case):
     """Where a family has windows, they are shorter than the prompt and change the layers they apply to."""
     cached, _, dense, _ = case
