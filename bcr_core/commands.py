@@ -143,6 +143,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_grid(args) -> int:
+    from bcr_core.paths import write_text_whole
     from bcr_core.runs.grid import run_grid
     from bcr_core.runs.grid_file import read_grid
     from bcr_core.runs.grid_folder import combined_table
@@ -150,7 +151,7 @@ def cmd_grid(args) -> int:
     grid = read_grid(args.file, model=args.model)
     failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
     table = combined_table(grid, args.out)
-    (args.out / "grid.csv").write_text(table.to_csv(index=False))
+    write_text_whole(args.out / "grid.csv", table.to_csv(index=False))
     print_table(table, args, digits=3)
     for name in failed:
         print(f"bcr grid: cell {name} did not finish; run the same command again to resume it", file=sys.stderr)
@@ -286,9 +287,13 @@ def cmd_explore(args) -> int:
 
 def cmd_export(args) -> int:
     from bcr_core.record_files import export, read_records
+    from bcr_core.runs.run_files import unfinished
 
     items = export(args.run_dir, args.out)
     calls = len(read_records(args.out / "calls.jsonl.gz"))
+    why = unfinished(args.run_dir, items)
+    if why:
+        print(f"bcr export: {why}", file=sys.stderr)
     done = {"items": items, "calls": calls, "out": str(args.out)}
     print(json.dumps(done) if args.json else f"exported {items} item and {calls} call records to {args.out}")
     return 0

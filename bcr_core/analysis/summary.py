@@ -20,6 +20,7 @@ from bcr_core.analysis.protocol import paired, realised_rows
 from bcr_core.analysis.stats import SPLIT, paired_split, wilson_ci
 from bcr_core.conditions import find
 from bcr_core.errors import UsageError
+from bcr_core.paths import write_text_whole
 
 COLUMNS = {
     "condition": "the condition's label as recorded",
@@ -151,7 +152,7 @@ def condition_table(
 def write_summary(items: pd.DataFrame, reference: str, folder: Path) -> pd.DataFrame:
     """A run folder's `summary.csv`: the `condition_table` of its items, which it returns."""
     table = condition_table(items, reference)
-    (Path(folder) / "summary.csv").write_text(table.to_csv(index=False))
+    write_text_whole(Path(folder) / "summary.csv", table.to_csv(index=False))
     return table
 
 

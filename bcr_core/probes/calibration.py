@@ -25,6 +25,7 @@ from bcr_core.data import benchmarks, synthetic
 from bcr_core.data.roles import PROMPTS
 from bcr_core.engine.stopping import RULES
 from bcr_core.errors import UsageError
+from bcr_core.paths import write_text_whole
 from bcr_core.record_files import append_jsonl, numbered_jsonl, rewrite_jsonl
 from bcr_core.reuse.servers import DenseServer
 
@@ -92,7 +93,7 @@ def calibrate(
                 bar.update(1)
     bar.close()
     table = calibration_table(records)
-    table.to_csv(out / "table.csv", index=False)
+    write_text_whole(out / "table.csv", table.to_csv(index=False))
     return table
 
 
