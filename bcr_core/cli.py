@@ -7,7 +7,11 @@ Every subcommand takes `--model` (default: the embedded SmolLM2-135M-Instruct) a
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bcr_core import paper
@@ -267,16 +271,48 @@ def add_records_commands(sub) -> None:
     report.set_defaults(run=cmd_report)
 
 
+RESUMED = {"run", "grid", "arena", "calibrate", "notebooks"}  # what keeps its finished work on disk
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with sigterm_as_ctrl_c() as terminated:
+        try:
+            return args.run(args)
+        except UsageError as err:  # a mistake the user can fix: one line; anything else is a bug: its traceback
+            print(f"bcr {args.command}: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as err:  # a run's interruption says what it kept (runner.Interrupted)
+            print(f"bcr {args.command}: {str(err) or interrupted(args.command)}", file=sys.stderr)
+            return 128 + terminated[0] if terminated else 130
+
+
+def interrupted(command: str) -> str:
+    if command in RESUMED:
+        return "interrupted; rerun the same command to resume"
+    return "interrupted; it keeps nothing, so rerun the same command to start again"
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[list]:
+    """SIGTERM (what `kill`, systemd and SLURM send) takes Ctrl-C's path while a command runs: the
+    item in flight is dropped, the finished ones are kept and the command says how to resume. The
+    list yielded holds the signal once one came; a second SIGTERM does not cut the cleanup short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    received = []
+
+    def stop(signum, frame):
+        if not received:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return args.run(args)
-    except UsageError as err:  # a mistake the user can fix: one line; anything else is a bug and keeps its traceback
-        print(f"bcr {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as err:  # a run's interruption says what it kept (runner.Interrupted)
-        print(f"bcr {args.command}: {err or 'interrupted'}", file=sys.stderr)
-        return 130
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,15 @@ def numbered_jsonl(path: Path) -> tuple[list[tuple[int, dict]], bool]:
     return rows, False
 
 
+def count_lines(path: Path) -> int:
+    """A cheap running count of a JSONL file's records (its whole lines; a missing file has none)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
 def rewrite_jsonl(path: Path, rows) -> None:
     """Replace the records at `path`, or at the file it links to (the link stays a link)."""
     with written_whole(Path(path).resolve()) as partial:

@@ -157,19 +157,30 @@ def gemma_tokenizer():
         pytest.skip(f"Gemma 3 270M is not available: {err}")
 
 
+def tiny_chat_config(tokenizer) -> LlamaConfig:
+    return tiny_llama_config(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+        initializer_range=0.05,
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_chat(chat_tokenizer) -> Backbone:
     """A tiny random Llama speaking the real tokenizer's vocabulary: fast multi-agent pipelines."""
-    config = tiny_llama_config(
-        vocab_size=len(chat_tokenizer),
-        eos_token_id=chat_tokenizer.eos_token_id,
-        bos_token_id=chat_tokenizer.bos_token_id,
-        pad_token_id=chat_tokenizer.eos_token_id,
-        initializer_range=0.05,
-    )
-    bb = Backbone.from_config(config, device="cpu", dtype=torch.float32, seed=0)
+    bb = Backbone.from_config(tiny_chat_config(chat_tokenizer), device="cpu", dtype=torch.float32, seed=0)
     bb.tokenizer = chat_tokenizer
     return bb
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory, chat_tokenizer):
+    """`tiny_chat` as a config-only model (`--model config:PATH`) that any process can build."""
+    folder = tmp_path_factory.mktemp("tiny")
+    tiny_chat_config(chat_tokenizer).save_pretrained(folder)
+    return folder / "config.json"
 
 
 def record_differences(fresh, wanted, rel: float = 1e-4, abs_: float = 1e-6, at: str = "") -> list[str]:

@@ -16,7 +16,7 @@ from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.paths import process_alive, utf8_text, write_text_whole
-from bcr_core.record_files import append_jsonl, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
+from bcr_core.record_files import append_jsonl, count_lines, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
 from bcr_core.runs.cell import Cell
 
 
@@ -39,6 +39,7 @@ class RunFiles:
         check_folder(self.out, cell)
         self.lock = self.out / ".lock"
         self.take_lock()
+        self.found = None  # the item records on disk when the run began (`finished`)
 
     def settle(self) -> None:
         settings = self.out / "cell.json"
@@ -66,6 +67,10 @@ class RunFiles:
     def release(self) -> None:
         if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
             self.lock.unlink()
+
+    def kept(self) -> int:
+        """The item records this run has written so far: those on disk now, less those it found."""
+        return count_lines(self.items_path) - self.found if self.found is not None else 0
 
     def items_table(self) -> pd.DataFrame:
         """Every item record written so far, in item order."""
@@ -111,6 +116,7 @@ class RunFiles:
         if torn_items or torn_calls or len(kept_calls) < len(call_rows):
             rewrite_jsonl(self.items_path, [r for _, r in items.values()])
             rewrite_jsonl(self.calls_path, kept_calls)
+        self.found = len(items)
         return {k: r for k, (_, r) in items.items()}, {k: [derive(c) for _, c in v] for k, v in calls.items()}
 
     def checked_items(self, rows: list[tuple[int, dict]], item_ids: list[str]) -> dict[tuple[str, str], tuple]:
