@@ -135,6 +135,25 @@ def test_a_report_of_a_missing_or_empty_folder_is_one_line(kind, tmp_path, capsy
     assert err.startswith("bcr report: error: ") and err.count("\n") == 1 and "empty" in err
 
 
+def test_report_arena_of_a_folder_without_arena_records_says_what_to_run(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["report", "arena", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err == (
+        f"bcr report: error: {tmp_path / 'empty'} holds no arena records (no calls.jsonl): make them with "
+        f"`bcr arena --n N --out {tmp_path / 'empty'}`, then report again\n"
+    )
+
+
+def test_report_claims_of_an_arena_folder_names_the_arena_report(capsys):
+    from bcr_core.paths import RESULTS
+
+    assert main(["report", "claims", str(RESULTS / "arena")]) == 2
+    assert capsys.readouterr().err == (
+        f"bcr report: error: {RESULTS / 'arena'} is an arena folder (its cell.json names selectors), not a claims "
+        f"folder: run `bcr report arena {RESULTS / 'arena'}`\n"
+    )
+
+
 def test_report_arena_prints_the_tables_docs_results_shows():
     """The committed arena's report is the block of docs/results.md that its test checks line by line:
     here only that the subcommand prints that block, every line in the docs."""

@@ -124,10 +124,14 @@ BASE = '[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n'
         (BASE + '[cells.gsm8k_3]\nagents = "three"\n', "cells.gsm8k_3.agents: expected int in [2, 5], got str 'three'"),
         (BASE + "[cells.a]\nagent = 3\n", "cells.a.agent: unknown setting"),
         (BASE + "[cells.a]\nn = true\n", "cells.a.n: expected int >= 1, got bool True"),
-        (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "(entry 1: unknown condition 'kvcom'"),
+        (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "cells.a.conditions: entry 1: unknown condition"),
+        (  # a bad option of one condition: that entry and its option, not the list's own description
+            BASE + '[cells.a]\nconditions = ["dense", "bcr-chunk@0.2:chunk=0"]\n',
+            "cells.a.conditions: entry 1: condition 'bcr-chunk@0.2:chunk=0': option chunk: expected int >= 1, got 0",
+        ),
         (
             BASE + '[cells.a]\nconditions = "bcr-chunk:chunk=x"\n',
-            "condition 'bcr-chunk:chunk=x': option chunk: expected int",
+            "cells.a.conditions: entry 0: condition 'bcr-chunk:chunk=x': option chunk: expected int",
         ),
         (BASE.replace('conditions = ["dense"]\n', "") + "[cells.a]\n", "cells.a.conditions: missing"),
         (BASE + "[cells.a]\n[cells.a]\n", "cells.a: declared twice"),

@@ -26,6 +26,7 @@ from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.analysis.tax import DROP_SHARE
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS, all_written_whole
+from bcr_core.runs.run_files import read_settings
 
 POINTS = {"agrees_dense", "correct", "gap share"}
 SMOLLM2 = RESULTS / "claims"
@@ -69,6 +70,16 @@ def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:
         for partial, table in zip(partials, tables.values()):
             table.to_csv(partial, index=False)
     return markdown(tables["verdicts"], tables["verdicts_correct"])
+
+
+def check_not_arena(folder: Path) -> None:
+    """A claims folder holds runs in its subfolders; an arena's run folder is refused, naming its report."""
+    settings = folder / "cell.json"
+    if settings.is_file() and "selectors" in read_settings(settings):
+        raise UsageError(
+            f"{folder} is an arena folder (its cell.json names selectors), not a claims folder: "
+            f"run `bcr report arena {folder}`"
+        )
 
 
 def effect_text(row) -> str:
@@ -218,6 +229,8 @@ def transfer_markdown(table: pd.DataFrame, models: list[str]) -> str:
 
 
 def main(folders: list[str]) -> None:
+    for folder in folders:
+        check_not_arena(Path(folder))
     verdicts = {}
     for folder in folders:
         tables = compute(folder)

@@ -245,14 +245,28 @@ def check_folder(out: Path, cell: Cell) -> None:
     out = Path(out)
     settings = out / "cell.json"
     if settings.exists():
-        found = identity(read_settings(settings))
-        if found != json.loads(json.dumps(identity(cell.record()))):
-            raise UsageError(f"{out} holds a run with other settings ({found}); use another --out or delete it")
+        found, wanted = identity(read_settings(settings)), json.loads(json.dumps(identity(cell.record())))
+        if found != wanted:
+            raise UsageError(
+                f"{out} holds a run with other settings ({differences(found, wanted)}); use another --out or delete it"
+            )
     elif (out / "items.jsonl").exists() or (out / "calls.jsonl").exists():
         raise UsageError(
             f"{out} holds records but no cell.json, so their settings are unknown; "
             "use another --out, or delete the records"
         )
+
+
+def differences(found: dict, wanted: dict) -> str:
+    """The settings two runs do not share, each as `key: found there, wanted now` (long values cut)."""
+    shown = lambda settings, key: short(repr(settings[key])) if key in settings else "unset"
+    unset = object()
+    keys = [k for k in dict.fromkeys([*found, *wanted]) if found.get(k, unset) != wanted.get(k, unset)]
+    return "; ".join(f"{k}: {shown(found, k)} there, {shown(wanted, k)} now" for k in keys)
+
+
+def short(text: str, most: int = 60) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def read_settings(path: Path) -> dict:
