@@ -65,6 +65,16 @@ def add_prompt_and_stop(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, unless it has none (None, a flag's False, an empty
+    string or list) or its help already says what happens without it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default in ("", []) or "default" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bcr_core.data.benchmarks import NAMES as BENCHMARKS
     from bcr_core.probes.verify import DEFAULT_PROMPT
@@ -78,14 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=cmd_verify)
 
     demo = sub.add_parser("demo", help="Dense vs a reused cache, unrepaired and repaired at a few budgets")
-    demo.add_argument("--prompt", default=DEFAULT_PROMPT)
-    demo.add_argument("--new-tokens", type=int, default=48)
+    demo.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, help="user message to serve densely and from the reused cache"
+    )
+    demo.add_argument("--new-tokens", type=int, default=48, help="tokens each answer generates")
     add_common(demo)
     demo.set_defaults(run=cmd_demo)
     curve = sub.add_parser("unit-curve", help="Table 8: informed vs random restoration by unit of choice")
-    curve.add_argument("--segment-tokens", type=int, default=2048)
-    curve.add_argument("--budget", type=float, default=paper.RHO)
-    curve.add_argument("--units", default="1,16,64,256,1024")
+    curve.add_argument("--segment-tokens", type=int, default=2048, help="length of the reused segment, in tokens")
+    curve.add_argument("--budget", type=float, default=paper.RHO, help="share of the segment's rows restored (rho)")
+    curve.add_argument("--units", default="1,16,64,256,1024", help="comma-separated units of choice, in rows")
     curve.add_argument("--prompts", type=Path, default=None, help="JSONL, one object per line with a 'text' field")
     curve.add_argument("--seed", type=int, default=0, help="first seed of the random selections")
     curve.add_argument("--seeds", type=int, default=3, help="how many random seeds")
@@ -100,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     ttft.set_defaults(run=cmd_ttft)
 
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
-    run.add_argument("--benchmark", required=True, choices=BENCHMARKS)
+    run.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="the task whose items are served")
     run.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
     run.add_argument(
         "--conditions",
@@ -111,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
     run.add_argument("--pinned", default=None, help="give every agent this role instead of cycling roles")
     run.add_argument("--seeds", default=None, help="comma-separated seeds: coin conditions run once per seed")
-    run.add_argument("--max-new-tokens", type=int, default=512)
+    run.add_argument("--max-new-tokens", type=int, default=512, help="the cap on each agent call's answer, in tokens")
     run.add_argument("--reference", default=None, help="condition the b/c splits are taken against (default kvcomm)")
     run.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
     run.add_argument(
@@ -132,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     arena = sub.add_parser("arena", help="every selector on the same assembled caches at the same rows, against Dense")
     arena.add_argument("--n", type=int, required=True, help="number of items (the first n)")
     arena.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
-    arena.add_argument("--benchmark", default="synthetic", choices=BENCHMARKS)
+    arena.add_argument("--benchmark", default="synthetic", choices=BENCHMARKS, help="the task whose items are served")
     arena.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    arena.add_argument("--max-new-tokens", type=int, default=8)
+    arena.add_argument("--max-new-tokens", type=int, default=8, help="the cap on each agent call's answer, in tokens")
     arena.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
     arena.add_argument("--rho", type=float, default=paper.RHO, help="the serving BCR-chunk's budget (the paired count)")
     arena.add_argument("--chunk", type=int, default=16, help="B: the chunk layout's unit, serving and arena alike")
@@ -172,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--n", type=int, default=50, help="items per candidate")
     calibrate.add_argument("--item-seed", type=int, default=1, help="seed of the synthetic items (not the grid's)")
     calibrate.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    calibrate.add_argument("--max-new-tokens", type=int, default=8)
+    calibrate.add_argument(
+        "--max-new-tokens", type=int, default=8, help="the cap on each agent call's answer, in tokens"
+    )
     add_common(calibrate)
     calibrate.set_defaults(run=cmd_calibrate)
 
@@ -242,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(explore)
     explore.set_defaults(run=cmd_explore)
     add_records_commands(sub)
+    for command in sub.choices.values():
+        command.formatter_class = DefaultsShown
     return parser
 
 
