@@ -62,9 +62,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bcr_core.analysis.summary import write_summary
+    from bcr_core.analysis.summary import no_reuse_note, write_summary
     from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
+    from bcr_core.record_files import read_records
     from bcr_core.runs.cell import RunSettings
     from bcr_core.runs.run_settings import RUN
     from bcr_core.runs.runner import run_cell
@@ -75,7 +76,11 @@ def cmd_run(args) -> int:
     run = RunSettings(**settings)
     cell = run.cell()  # every setting and condition checked before the model loads
     items = run_cell(load_backbone(cell.model), cell, args.out, progress=True, batch=run.batch)
-    return print_table(write_summary(items, args.reference, args.out), args, digits=3)
+    code = print_table(write_summary(items, args.reference, args.out), args, digits=3)
+    note = no_reuse_note(read_records(args.out / "calls.jsonl"), cell.n)
+    if note:
+        print(f"bcr run: {note}", file=sys.stderr)
+    return code
 
 
 def cmd_arena(args) -> int:

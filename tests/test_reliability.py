@@ -563,6 +563,28 @@ def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_pa
     assert len(run_files.read_jsonl(tmp_path / "r" / ITEMS)) == 3
 
 
+def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_path, monkeypatch, capsys):
+    """One item: no placeholder holds an anchor yet, so every condition serves what Dense serves."""
+    from collections import Counter
+
+    from bcr_core.analysis.summary import no_reuse_note
+
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: tiny_chat)
+    args = run_args(tmp_path / "r")
+    args[args.index("--n") + 1] = "1"
+    assert main(args) == 0
+    reasons = Counter(c["reason"] for c in run_files.read_jsonl(tmp_path / "r" / CALLS) if c["reason"] != "dense")
+    assert set(reasons) <= {"no_anchors", "one_anchor"} and reasons
+    shown = ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"bcr run: no call of these 1 items reused a cache (the gate's reasons: {shown}): KVComm reuses a segment "
+        "only once its placeholder holds at least 2 anchors, which the first items' dense prefills lay down, so every "
+        "condition served what Dense serves and the rows are alike; run more items (--n 20 or more)"
+    )
+    assert no_reuse_note([{"reason": "no_anchors"}, {"reason": "reuse"}], 9) is None  # one reused call: no note
+    assert no_reuse_note([{"reason": "dense"}], 9) is None  # Dense alone has no gate
+
+
 SLOW_APPEND = """
 import time
 from bcr_core.runs import run_files
