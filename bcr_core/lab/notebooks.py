@@ -130,6 +130,7 @@ def failure_message(name: str, executed: Path, error) -> str:
     )
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"  # a live widget's output (a bar, a slider, a FigureWidget)
 REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>\s*</script>", re.IGNORECASE)
 
 
@@ -137,12 +138,16 @@ def export_html(executed: Path, target: Path) -> Path:
     """An HTML report that opens with no network: plotly.js is inlined once by the notebooks'
     renderer; the scripts nbconvert and plotly would fetch from public CDNs (require.js, MathJax 2
     and 3) are left out, and so is saved widget state, whose renderer would come from a CDN too
-    (every live figure of the lab has a static copy in the report)."""
+    (every live figure of the lab has a static copy in the report), with the widgets' outputs: without
+    their state a widget shows the text it was made with, which for a progress bar reads "0%"."""
     import nbformat
     from nbconvert import HTMLExporter
 
     notebook = nbformat.read(str(executed), as_version=4)
     notebook.metadata.pop("widgets", None)
+    for cell in notebook.cells:
+        if "outputs" in cell:
+            cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
     body, _ = HTMLExporter().from_notebook_node(notebook)
     write_text_whole(target, REMOTE_SCRIPT.sub("", body))
     return target
@@ -175,8 +180,9 @@ def run_notebook(
     copy and its HTML export to `out`, each taking its name once whole (an interrupted run leaves the
     earlier copy). A failing cell is reported in the result, not raised.
 
-    Progress bars are switched off in the kernel: headless, nobody watches them, and a widget bar
-    saved mid-run would read "0%" in the HTML report."""
+    Progress bars are switched off in the kernel where tqdm is left to its defaults (headless, nobody
+    watches them); a bar whose code passes `disable` itself still runs, and the report leaves its
+    widget out (`export_html`), or it would read "0%"."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
