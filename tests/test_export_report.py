@@ -208,22 +208,12 @@ def earlier_export(tmp_path):
     return out, grown_run(tmp_path)
 
 
-def test_a_full_disk_leaves_the_earlier_export_as_it_was(earlier_export):
-    out, run = earlier_export
-    before = folder_bytes(out)
-    limit = 64 * 1024  # the file-size limit: cell.json and items fit, calls do not (EFBIG, as a full disk)
-    setup = "import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-    setup += f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))"
-    done = bcr(["export", run, out], setup)
-    stdout, stderr = done.communicate(timeout=300)
-    assert done.returncode == 2 and stdout == ""
-    assert stderr == (
-        f"bcr export: error: {out}: cannot write cell.json, items.jsonl.gz, calls.jsonl.gz (File too large); "
-        "nothing there was changed: free space or give a folder you can write, then run again\n"
-    )
-    assert folder_bytes(out) == before
-
-
+# The file-size limit: cell.json and the items fit, the calls do not (EFBIG, as a full disk).
+FULL_DISK = f"""
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({64 * 1024}, {64 * 1024}))
+"""
 # Root writes through a folder's mode by its capability CAP_DAC_OVERRIDE: the export drops it first.
 NO_OVERRIDE = """
 import ctypes
@@ -239,18 +229,21 @@ assert libc.capset(ctypes.byref(header), data) == 0
 """
 
 
-def test_a_folder_that_cannot_be_written_leaves_the_earlier_export_as_it_was(earlier_export):
+@pytest.mark.parametrize("fault, cause", [("full disk", "File too large"), ("read-only folder", "Permission denied")])
+def test_a_failed_export_leaves_the_earlier_export_as_it_was(earlier_export, fault, cause):
     out, run = earlier_export
     before = folder_bytes(out)
-    out.chmod(0o555)
+    if fault == "read-only folder":
+        out.chmod(0o555)
+    setup = FULL_DISK if fault == "full disk" else NO_OVERRIDE if os.geteuid() == 0 else ""
     try:
-        done = bcr(["export", run, out], NO_OVERRIDE if os.geteuid() == 0 else "")
+        done = bcr(["export", run, out], setup)
         stdout, stderr = done.communicate(timeout=300)
     finally:
         out.chmod(0o755)
     assert done.returncode == 2 and stdout == ""
     assert stderr == (
-        f"bcr export: error: {out}: cannot write cell.json, items.jsonl.gz, calls.jsonl.gz (Permission denied); "
+        f"bcr export: error: {out}: cannot write cell.json, items.jsonl.gz, calls.jsonl.gz ({cause}); "
         "nothing there was changed: free space or give a folder you can write, then run again\n"
     )
     assert folder_bytes(out) == before
