@@ -578,8 +578,8 @@ def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_pat
     shown = ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"bcr run: no call of these 1 items reused a cache (the gate's reasons: {shown}): KVComm reuses a segment "
-        "only once its placeholder holds at least 2 anchors, which the first items' dense prefills lay down, so every "
-        "condition served what Dense serves and the rows are alike; run more items (--n 20 or more)"
+        "only once its placeholder holds 2 anchors at least as long (docs/design.md), laid down by earlier items' "
+        "dense prefills, so every condition served what Dense serves and the rows are alike; run more items (--n)"
     )
     assert no_reuse_note([{"reason": "no_anchors"}, {"reason": "reuse"}], 9) is None  # one reused call: no note
     assert no_reuse_note([{"reason": "dense"}], 9) is None  # Dense alone has no gate

@@ -159,17 +159,17 @@ def write_summary(items: pd.DataFrame, reference: str, folder: Path) -> pd.DataF
 
 def no_reuse_note(calls: list[dict], n: int) -> str | None:
     """Why a run's table shows every condition alike, when none of its gated calls reused a cache:
-    KVComm's gate turns a segment down until its placeholder's anchor pool holds two anchors with a
-    deviation for the node (docs/design.md), which a run of a few items never fills. None when a
-    call reused, or when no condition gates (Dense alone)."""
+    KVComm's gate turns a segment down until its placeholder's pool holds two anchors, for the node,
+    at least as long as the segment (docs/design.md), which a run of a few items may never fill. None
+    when a call reused, or when no condition gates (Dense alone)."""
     gated = Counter(c["reason"] for c in calls if c["reason"] != "dense")
     if not gated or "reuse" in gated:
         return None
     reasons = ", ".join(f"{count} {reason}" for reason, count in gated.most_common())
     return (
         f"no call of these {n} items reused a cache (the gate's reasons: {reasons}): KVComm reuses a segment only "
-        "once its placeholder holds at least 2 anchors, which the first items' dense prefills lay down, so every "
-        "condition served what Dense serves and the rows are alike; run more items (--n 20 or more)"
+        "once its placeholder holds 2 anchors at least as long (docs/design.md), laid down by earlier items' dense "
+        "prefills, so every condition served what Dense serves and the rows are alike; run more items (--n)"
     )
 
 
