@@ -212,3 +212,15 @@ class Setting:
     kind: Kind
     default: object = None
     required: bool = False
+
+
+def differences(found: dict, wanted: dict) -> str:
+    """The settings two runs do not share, each as `key: found there, wanted now` (long values cut)."""
+    shown = lambda settings, key: short(repr(settings[key])) if key in settings else "unset"
+    unset = object()
+    keys = [k for k in dict.fromkeys([*found, *wanted]) if found.get(k, unset) != wanted.get(k, unset)]
+    return "; ".join(f"{k}: {shown(found, k)} there, {shown(wanted, k)} now" for k in keys)
+
+
+def short(text: str, most: int = 60) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."

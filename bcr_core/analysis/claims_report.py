@@ -26,7 +26,6 @@ from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.analysis.tax import DROP_SHARE
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS, all_written_whole
-from bcr_core.runs.run_files import read_settings
 
 POINTS = {"agrees_dense", "correct", "gap share"}
 SMOLLM2 = RESULTS / "claims"
@@ -74,8 +73,11 @@ def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:
 
 def check_not_arena(folder: Path) -> None:
     """A claims folder holds runs in its subfolders; an arena's run folder is refused, naming its report."""
-    settings = folder / "cell.json"
-    if settings.is_file() and "selectors" in read_settings(settings):
+    try:
+        settings = json.loads((folder / "cell.json").read_text())
+    except (OSError, ValueError):  # no run's settings here: the claims' own reading says what is missing
+        return
+    if isinstance(settings, dict) and "selectors" in settings:
         raise UsageError(
             f"{folder} is an arena folder (its cell.json names selectors), not a claims folder: "
             f"run `bcr report arena {folder}`"

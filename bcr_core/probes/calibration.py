@@ -28,7 +28,7 @@ from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
 from bcr_core.record_files import append_jsonl, numbered_jsonl, rewrite_jsonl
 from bcr_core.reuse.servers import DenseServer
-from bcr_core.runs.run_files import differences
+from bcr_core.setting_kinds import differences
 
 CANDIDATES = tuple((prompt, stop) for prompt in PROMPTS for stop in RULES)
 CONTROLS = ("records", "no-records")

@@ -18,6 +18,7 @@ from bcr_core.errors import UsageError
 from bcr_core.paths import process_alive, utf8_text, write_text_whole
 from bcr_core.record_files import append_jsonl, count_lines, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
 from bcr_core.runs.cell import Cell
+from bcr_core.setting_kinds import differences
 
 
 class RunFiles:
@@ -255,18 +256,6 @@ def check_folder(out: Path, cell: Cell) -> None:
             f"{out} holds records but no cell.json, so their settings are unknown; "
             "use another --out, or delete the records"
         )
-
-
-def differences(found: dict, wanted: dict) -> str:
-    """The settings two runs do not share, each as `key: found there, wanted now` (long values cut)."""
-    shown = lambda settings, key: short(repr(settings[key])) if key in settings else "unset"
-    unset = object()
-    keys = [k for k in dict.fromkeys([*found, *wanted]) if found.get(k, unset) != wanted.get(k, unset)]
-    return "; ".join(f"{k}: {shown(found, k)} there, {shown(wanted, k)} now" for k in keys)
-
-
-def short(text: str, most: int = 60) -> str:
-    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def read_settings(path: Path) -> dict:
