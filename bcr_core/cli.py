@@ -7,7 +7,11 @@ Every subcommand takes `--model` (default: the embedded SmolLM2-135M-Instruct) a
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bcr_core import paper
@@ -68,6 +72,16 @@ def add_prompt_and_stop(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, unless it has none (None, a flag's False, an empty
+    string or list) or its help already says what happens without it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default in ("", []) or "default" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bcr_core.data.benchmarks import NAMES as BENCHMARKS
     from bcr_core.probes.verify import DEFAULT_PROMPT
@@ -81,14 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=cmd_verify)
 
     demo = sub.add_parser("demo", help="Dense vs a reused cache, unrepaired and repaired at a few budgets")
-    demo.add_argument("--prompt", default=DEFAULT_PROMPT)
-    demo.add_argument("--new-tokens", type=int, default=48)
+    demo.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, help="user message to serve densely and from the reused cache"
+    )
+    demo.add_argument("--new-tokens", type=int, default=48, help="tokens each answer generates")
     add_common(demo)
     demo.set_defaults(run=cmd_demo)
     curve = sub.add_parser("unit-curve", help="Table 8: informed vs random restoration by unit of choice")
-    curve.add_argument("--segment-tokens", type=int, default=2048)
-    curve.add_argument("--budget", type=float, default=paper.RHO)
-    curve.add_argument("--units", default="1,16,64,256,1024")
+    curve.add_argument("--segment-tokens", type=int, default=2048, help="length of the reused segment, in tokens")
+    curve.add_argument("--budget", type=float, default=paper.RHO, help="share of the segment's rows restored (rho)")
+    curve.add_argument("--units", default="1,16,64,256,1024", help="comma-separated units of choice, in rows")
     curve.add_argument("--prompts", type=Path, default=None, help="JSONL, one object per line with a 'text' field")
     curve.add_argument("--seed", type=int, default=0, help="first seed of the random selections")
     curve.add_argument("--seeds", type=int, default=3, help="how many random seeds")
@@ -103,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     ttft.set_defaults(run=cmd_ttft)
 
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
-    run.add_argument("--benchmark", required=True, choices=BENCHMARKS)
+    run.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="the task whose items are served")
     run.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
     run.add_argument(
         "--conditions",
@@ -114,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
     run.add_argument("--pinned", default=None, help="give every agent this role instead of cycling roles")
     run.add_argument("--seeds", default=None, help="comma-separated seeds: coin conditions run once per seed")
-    run.add_argument("--max-new-tokens", type=int, default=512)
+    run.add_argument("--max-new-tokens", type=int, default=512, help="the cap on each agent call's answer, in tokens")
     run.add_argument("--reference", default=None, help="condition the b/c splits are taken against (default kvcomm)")
     run.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
     run.add_argument(
@@ -135,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     arena = sub.add_parser("arena", help="every selector on the same assembled caches at the same rows, against Dense")
     arena.add_argument("--n", type=int, required=True, help="number of items (the first n)")
     arena.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
-    arena.add_argument("--benchmark", default="synthetic", choices=BENCHMARKS)
+    arena.add_argument("--benchmark", default="synthetic", choices=BENCHMARKS, help="the task whose items are served")
     arena.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    arena.add_argument("--max-new-tokens", type=int, default=8)
+    arena.add_argument("--max-new-tokens", type=int, default=8, help="the cap on each agent call's answer, in tokens")
     arena.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
     arena.add_argument("--rho", type=float, default=paper.RHO, help="the serving BCR-chunk's budget (the paired count)")
     arena.add_argument("--chunk", type=int, default=16, help="B: the chunk layout's unit, serving and arena alike")
@@ -175,7 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--n", type=int, default=50, help="items per candidate")
     calibrate.add_argument("--item-seed", type=int, default=1, help="seed of the synthetic items (not the grid's)")
     calibrate.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    calibrate.add_argument("--max-new-tokens", type=int, default=8)
+    calibrate.add_argument(
+        "--max-new-tokens", type=int, default=8, help="the cap on each agent call's answer, in tokens"
+    )
     add_common(calibrate)
     calibrate.set_defaults(run=cmd_calibrate)
 
@@ -253,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(explore)
     explore.set_defaults(run=cmd_explore)
     add_records_commands(sub)
+    for command in sub.choices.values():
+        command.formatter_class = DefaultsShown
     return parser
 
 
@@ -282,16 +302,48 @@ def add_records_commands(sub) -> None:
     report.set_defaults(run=cmd_report)
 
 
+RESUMED = {"run", "grid", "arena", "calibrate", "notebooks"}  # what keeps its finished work on disk
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with sigterm_as_ctrl_c() as terminated:
+        try:
+            return args.run(args)
+        except UsageError as err:  # a mistake the user can fix: one line; anything else is a bug: its traceback
+            print(f"bcr {args.command}: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as err:  # a run's interruption says what it kept (runner.Interrupted)
+            print(f"bcr {args.command}: {str(err) or interrupted(args.command)}", file=sys.stderr)
+            return 128 + terminated[0] if terminated else 130
+
+
+def interrupted(command: str) -> str:
+    if command in RESUMED:
+        return "interrupted; rerun the same command to resume"
+    return "interrupted; it keeps nothing, so rerun the same command to start again"
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[list]:
+    """SIGTERM (what `kill`, systemd and SLURM send) takes Ctrl-C's path while a command runs: the
+    item in flight is dropped, the finished ones are kept and the command says how to resume. The
+    list yielded holds the signal once one came; a second SIGTERM does not cut the cleanup short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    received = []
+
+    def stop(signum, frame):
+        if not received:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return args.run(args)
-    except UsageError as err:  # a mistake the user can fix: one line; anything else is a bug and keeps its traceback
-        print(f"bcr {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as err:  # a run's interruption says what it kept (runner.Interrupted)
-        print(f"bcr {args.command}: {err or 'interrupted'}", file=sys.stderr)
-        return 130
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bcr_core.analysis.summary import write_summary
+    from bcr_core.analysis.summary import no_reuse_note, write_summary
     from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
+    from bcr_core.record_files import read_records
     from bcr_core.runs.cell import RunSettings
     from bcr_core.runs.run_settings import RUN
     from bcr_core.runs.runner import run_cell
@@ -76,7 +77,11 @@ def cmd_run(args) -> int:
     run = RunSettings(**settings)
     cell = run.cell()  # every setting and condition checked before the model loads
     items = run_cell(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True, batch=run.batch)
-    return print_table(write_summary(items, args.reference, args.out), args, digits=3)
+    code = print_table(write_summary(items, args.reference, args.out), args, digits=3)
+    note = no_reuse_note(read_records(args.out / "calls.jsonl"), cell.n)
+    if note:
+        print(f"bcr run: {note}", file=sys.stderr)
+    return code
 
 
 def cmd_arena(args) -> int:
@@ -147,6 +152,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_grid(args) -> int:
+    from bcr_core.paths import write_text_whole
     from bcr_core.runs.grid import run_grid
     from bcr_core.runs.grid_file import read_grid
     from bcr_core.runs.grid_folder import combined_table
@@ -154,7 +160,7 @@ def cmd_grid(args) -> int:
     grid = read_grid(args.file, model=args.model, dtype=args.dtype)
     failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
     table = combined_table(grid, args.out)
-    (args.out / "grid.csv").write_text(table.to_csv(index=False))
+    write_text_whole(args.out / "grid.csv", table.to_csv(index=False))
     print_table(table, args, digits=3)
     for name in failed:
         print(f"bcr grid: cell {name} did not finish; run the same command again to resume it", file=sys.stderr)
@@ -308,9 +314,13 @@ def cmd_explore(args) -> int:
 
 def cmd_export(args) -> int:
     from bcr_core.record_files import export, read_records
+    from bcr_core.runs.run_files import unfinished
 
     items = export(args.run_dir, args.out)
     calls = len(read_records(args.out / "calls.jsonl.gz"))
+    why = unfinished(args.run_dir, items)
+    if why:
+        print(f"bcr export: {why}", file=sys.stderr)
     done = {"items": items, "calls": calls, "out": str(args.out)}
     print(json.dumps(done) if args.json else f"exported {items} item and {calls} call records to {args.out}")
     return 0

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from bcr_core.errors import UsageError
-from bcr_core.paths import utf8_text, written_whole
+from bcr_core.paths import all_written_whole, utf8_text, written_whole
 from bcr_core.reuse.calls import mode_of, wasted_rows
 
 ID_LISTS = ("dense_ids", "merged_ids", "repaired_rows")  # left out of committed records
@@ -61,6 +61,15 @@ def numbered_jsonl(path: Path) -> tuple[list[tuple[int, dict]], bool]:
                 "redone. Restore or delete that line, then run again; nothing was changed on disk"
             )
     return rows, False
+
+
+def count_lines(path: Path) -> int:
+    """A cheap running count of a JSONL file's records (its whole lines; a missing file has none)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
 
 
 def rewrite_jsonl(path: Path, rows) -> None:
@@ -116,17 +125,25 @@ def committed(call: dict) -> dict:
 
 def export(run: Path, target: Path) -> int:
     """Write a run folder's records for committing (gzip, `committed` calls) beside its settings;
-    returns the item records written."""
+    returns the item records written. The three files take their names together, once all are
+    written: a failure leaves an earlier export in `target` as it was."""
     run, target = Path(run), Path(target)
     check_exportable(run, target)
-    target.mkdir(parents=True, exist_ok=True)
     items = read_records(run / "items.jsonl")
     calls = [committed(c) for c in read_records(run / "calls.jsonl")]
-    (target / "cell.json").write_text((run / "cell.json").read_text())
-    for name, rows in (("items.jsonl.gz", items), ("calls.jsonl.gz", calls)):
-        with gzip.open(target / name, "wt", compresslevel=9) as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    names = ("cell.json", "items.jsonl.gz", "calls.jsonl.gz")
+    with all_written_whole([target / name for name in names]) as (settings, items_file, calls_file):
+        settings.write_bytes((run / "cell.json").read_bytes())
+        write_gzip_jsonl(items_file, items, "items.jsonl")
+        write_gzip_jsonl(calls_file, calls, "calls.jsonl")
     return len(items)
+
+
+def write_gzip_jsonl(path: Path, rows: list[dict], name: str) -> None:
+    """`rows` as gzip'd JSON lines, the header naming `name` and no time, so one export's bytes are
+    the same every time."""
+    with open(path, "wb") as raw, gzip.GzipFile(name, "wb", compresslevel=9, fileobj=raw, mtime=0) as f:
+        f.writelines((json.dumps(r) + "\n").encode("utf-8") for r in rows)
 
 
 def check_exportable(run: Path, target: Path) -> None:

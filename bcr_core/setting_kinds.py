@@ -155,7 +155,7 @@ class ListOf(Kind):
         for i, v in enumerate(value):
             why = self.item.problem(v)
             if why:
-                return f"entry {i}: {why}"
+                return EntryProblem(f"entry {i}: {why}")
         return None
 
     def normalise(self, value):
@@ -189,12 +189,19 @@ def _range_text(low, high, open_low: bool = False) -> str:
     return ""
 
 
+class EntryProblem(str):
+    """What is wrong with one entry of a list: said alone, since the list as such is what was expected."""
+
+
 def check_setting(key: str, value, kind: Kind, label: str | None = None):
     """The one validator: `value`, normalised (ints for ints, floats for floats, lists for
-    sequences), or a SettingError naming the key, what it expects and what was given."""
+    sequences), or a SettingError naming the key, what it expects and what was given (for a list
+    whose entry is wrong, that entry and what is wrong with it)."""
     if not kind.accepts(value):
         raise SettingError(key, f"expected {kind.describe()}, got {type(value).__name__} {value!r}", label)
     why = kind.problem(value)
+    if isinstance(why, EntryProblem):
+        raise SettingError(key, why, label)
     if why:
         raise SettingError(key, f"expected {kind.describe()}, got {value!r} ({why})", label)
     return kind.normalise(value)
@@ -205,3 +212,15 @@ class Setting:
     kind: Kind
     default: object = None
     required: bool = False
+
+
+def differences(found: dict, wanted: dict) -> str:
+    """The settings two runs do not share, each as `key: found there, wanted now` (long values cut)."""
+    shown = lambda settings, key: short(repr(settings[key])) if key in settings else "unset"
+    unset = object()
+    keys = [k for k in dict.fromkeys([*found, *wanted]) if found.get(k, unset) != wanted.get(k, unset)]
+    return "; ".join(f"{k}: {shown(found, k)} there, {shown(wanted, k)} now" for k in keys)
+
+
+def short(text: str, most: int = 60) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."

@@ -160,16 +160,20 @@ def gemma_tokenizer():
         pytest.skip(f"Gemma 3 270M is not available: {err}")
 
 
-def tiny_speaking(tokenizer, dtype=torch.float32, seed: int = 0) -> Backbone:
-    """A tiny random Llama speaking `tokenizer`'s vocabulary, in `dtype`."""
-    config = tiny_llama_config(
+def tiny_chat_config(tokenizer) -> LlamaConfig:
+    """A tiny random Llama's config for `tokenizer`'s vocabulary."""
+    return tiny_llama_config(
         vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.eos_token_id,
         initializer_range=0.05,
     )
-    bb = Backbone.from_config(config, device=DEVICE, dtype=dtype, seed=seed)
+
+
+def tiny_speaking(tokenizer, dtype=torch.float32, seed: int = 0) -> Backbone:
+    """A tiny random Llama speaking `tokenizer`'s vocabulary, in `dtype`."""
+    bb = Backbone.from_config(tiny_chat_config(tokenizer), device=DEVICE, dtype=dtype, seed=seed)
     bb.tokenizer = tokenizer
     return bb
 
@@ -178,6 +182,14 @@ def tiny_speaking(tokenizer, dtype=torch.float32, seed: int = 0) -> Backbone:
 def tiny_chat(chat_tokenizer) -> Backbone:
     """A tiny random Llama speaking the real tokenizer's vocabulary: fast multi-agent pipelines."""
     return tiny_speaking(chat_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory, chat_tokenizer):
+    """`tiny_chat` as a config-only model (`--model config:PATH`) that any process can build."""
+    folder = tmp_path_factory.mktemp("tiny")
+    tiny_chat_config(chat_tokenizer).save_pretrained(folder)
+    return folder / "config.json"
 
 
 def record_differences(fresh, wanted, rel: float = 1e-4, abs_: float = 1e-6, at: str = "") -> list[str]:

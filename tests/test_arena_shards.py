@@ -110,5 +110,9 @@ def test_a_malformed_shard_is_refused_before_any_folder_is_touched(tmp_path, cap
 
 def test_a_lane_resumed_as_another_share_is_refused(tiny_chat, runs, tmp_path):
     shutil.copytree(runs / "lane0", tmp_path / "lane")
-    with pytest.raises(UsageError, match="holds a run with other settings"):
+    with pytest.raises(UsageError) as refused:
         run_arena(tiny_chat, make_arena_cell(N, **SETTINGS, shard="1/2"), tmp_path / "lane", progress=False)
+    assert str(refused.value) == (  # the one setting that differs, not the whole of both
+        f"{tmp_path / 'lane'} holds a run with other settings (shard: '0/2' there, '1/2' now); use another --out "
+        "or delete it"
+    )

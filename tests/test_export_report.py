@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+import bcr_core
 from bcr_core.cli import main
 from bcr_core.errors import UsageError
 from bcr_core.record_files import export
@@ -127,6 +135,25 @@ def test_a_report_of_a_missing_or_empty_folder_is_one_line(kind, tmp_path, capsy
     assert err.startswith("bcr report: error: ") and err.count("\n") == 1 and "empty" in err
 
 
+def test_report_arena_of_a_folder_without_arena_records_says_what_to_run(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["report", "arena", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err == (
+        f"bcr report: error: {tmp_path / 'empty'} holds no arena records (no calls.jsonl): make them with "
+        f"`bcr arena --n N --out {tmp_path / 'empty'}`, then report again\n"
+    )
+
+
+def test_report_claims_of_an_arena_folder_names_the_arena_report(capsys):
+    from bcr_core.paths import RESULTS
+
+    assert main(["report", "claims", str(RESULTS / "arena")]) == 2
+    assert capsys.readouterr().err == (
+        f"bcr report: error: {RESULTS / 'arena'} is an arena folder (its cell.json names selectors), not a claims "
+        f"folder: run `bcr report arena {RESULTS / 'arena'}`\n"
+    )
+
+
 def test_report_arena_prints_the_tables_docs_results_shows():
     """The committed arena's report is the block of docs/results.md that its test checks line by line:
     here only that the subcommand prints that block, every line in the docs."""
@@ -142,3 +169,138 @@ def test_report_arena_prints_the_tables_docs_results_shows():
     shown = (CHECKOUT / "docs" / "results.md").read_text()
     assert len(lines) > 40 and lines[-1].startswith("- ours beats coin: **holds**")
     assert [line for line in lines if line not in shown] == []
+
+
+# ------------------------------------------------------------------ faults while writing: the earlier export stays
+
+ROOT = Path(bcr_core.__file__).resolve().parent.parent  # the bcr_core under test, for the subprocesses
+PREAMBLE = "import sys\nfrom bcr_core import cli\nimport bcr_core.record_files, bcr_core.runs.run_files\n"
+
+
+def bcr(args: list, setup: str = "") -> subprocess.Popen:
+    """`bcr ARGS` in a fresh interpreter, after `setup` (Python, run once the package is imported) sets a fault."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    code = f"{PREAMBLE}{setup}\nsys.exit(cli.main(sys.argv[1:]))"
+    command = [sys.executable, "-c", code, *map(str, args)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def grown_run(root):
+    """`run_folder` grown to 400 calls of 200 random tokens each: a calls.jsonl.gz of about 300 KB."""
+    run = run_folder(root)
+    rng = random.Random(0)
+    calls = [DENSE | {"node": f"agent_{i}", "output_tokens": rng.choices(range(50000), k=200)} for i in range(400)]
+    with open(run / "calls.jsonl", "a") as f:
+        f.writelines(json.dumps(c) + "\n" for c in calls)
+    return run
+
+
+def folder_bytes(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture
+def earlier_export(tmp_path):
+    """A good export of the small run in OUT, and the grown run whose export is to fail over it."""
+    out, small = tmp_path / "out", tmp_path / "small"
+    small.mkdir()
+    assert main(["export", str(run_folder(small)), str(out)]) == 0
+    return out, grown_run(tmp_path)
+
+
+# The file-size limit: cell.json and the items fit, the calls do not (EFBIG, as a full disk).
+FULL_DISK = f"""
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({64 * 1024}, {64 * 1024}))
+"""
+# Root writes through a folder's mode by its capability CAP_DAC_OVERRIDE: the export drops it first.
+NO_OVERRIDE = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+header, data = Header(0x20080522, 0), (Data * 2)()
+assert libc.capget(ctypes.byref(header), data) == 0
+data[0].effective &= ~(1 << 1)  # CAP_DAC_OVERRIDE
+assert libc.capset(ctypes.byref(header), data) == 0
+"""
+
+
+@pytest.mark.parametrize("fault, cause", [("full disk", "File too large"), ("read-only folder", "Permission denied")])
+def test_a_failed_export_leaves_the_earlier_export_as_it_was(earlier_export, fault, cause):
+    out, run = earlier_export
+    before = folder_bytes(out)
+    if fault == "read-only folder":
+        out.chmod(0o555)
+    setup = FULL_DISK if fault == "full disk" else NO_OVERRIDE if os.geteuid() == 0 else ""
+    try:
+        done = bcr(["export", run, out], setup)
+        stdout, stderr = done.communicate(timeout=300)
+    finally:
+        out.chmod(0o755)
+    assert done.returncode == 2 and stdout == ""
+    assert stderr == (
+        f"bcr export: error: {out}: cannot write cell.json, items.jsonl.gz, calls.jsonl.gz ({cause}); "
+        "nothing there was changed: free space or give a folder you can write, then run again\n"
+    )
+    assert folder_bytes(out) == before
+
+
+SLOW_CALLS = """
+import pathlib, time
+real = bcr_core.record_files.write_gzip_jsonl
+
+def rows_then_stall(rows):
+    for number, row in enumerate(rows):
+        if number == len(rows) // 2:
+            pathlib.Path({mark!r}).write_text("half the calls written")
+            time.sleep(600)
+        yield row
+
+def stalling(path, rows, name):
+    real(path, rows_then_stall(rows) if name == "calls.jsonl" else rows, name)
+
+bcr_core.record_files.write_gzip_jsonl = stalling
+"""
+
+
+def test_a_kill_mid_export_leaves_the_earlier_export_and_the_next_export_clears_its_partial(earlier_export, tmp_path):
+    out, run = earlier_export
+    before, mark = folder_bytes(out), tmp_path / "mark"
+    writer = bcr(["export", run, out], SLOW_CALLS.format(mark=str(mark)))
+    deadline = time.monotonic() + 300
+    while not mark.exists():
+        assert writer.poll() is None and time.monotonic() < deadline, writer.communicate()
+        time.sleep(0.05)
+    writer.send_signal(signal.SIGKILL)
+    writer.communicate()
+    after = folder_bytes(out)
+    left = sorted(set(after) - set(before))
+    assert {k: after[k] for k in before} == before  # every file at its name, byte for byte
+    assert left and all(f".{writer.pid}-" in name and ".partial" in name for name in left)  # the killed siblings
+    assert main(["export", str(run), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["calls.jsonl.gz", "cell.json", "items.jsonl.gz"]
+    assert len(exported_calls(out)) == 402
+
+
+def test_an_export_of_an_unfinished_run_says_so_and_what_to_do(tmp_path, capsys):
+    run = run_folder(tmp_path)
+    (run / "cell.json").write_text(json.dumps({"n": 2, "conditions": ["dense", "bcr-chunk"]}))
+    (run / ".lock").write_text(str(os.getpid()))  # a live process writes it
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == (
+        f"bcr export: {run} is still being written (pid {os.getpid()}): 2 of 4 item records so far, and the "
+        "export holds only those; export again once that run has finished\n"
+    )
+    (run / ".lock").unlink()  # interrupted
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == (
+        f"bcr export: {run} is an unfinished run: 2 of 4 item records, and the export holds only those; rerun "
+        "the run's command to finish it, then export again\n"
+    )
+    (run / "cell.json").write_text(json.dumps({"n": 1, "conditions": ["dense", "bcr-chunk"]}))
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == ""  # a finished run: nothing to say

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_llama_config
 
 import bcr_core
 from bcr_core import cli
+from bcr_core.record_files import count_lines
 from bcr_core.runs import grid, grid_folder, grid_ray
 from bcr_core.runs.grid_file import read_grid
 from bcr_core.runs.run_files import process_alive, read_jsonl
@@ -35,21 +35,6 @@ item_seed = 7
 conditions = "dense,coin-single@0.3:gamma=1,seed=3"
 item_seed = 3
 """
-
-
-@pytest.fixture(scope="module")
-def tiny_config(tmp_path_factory, chat_tokenizer) -> Path:
-    """conftest's tiny chat model as a config-only model (`config:PATH`) that any process can build."""
-    folder = tmp_path_factory.mktemp("tiny")
-    tok = chat_tokenizer
-    tiny_llama_config(
-        vocab_size=len(tok),
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        pad_token_id=tok.eos_token_id,
-        initializer_range=0.05,
-    ).save_pretrained(folder)
-    return folder / "config.json"
 
 
 def grid_file(folder: Path, config: Path, n: int = 3, tokens: int = 4) -> Path:
@@ -139,10 +124,14 @@ BASE = '[defaults]\nbenchmark = "synthetic"\nconditions = ["dense"]\nn = 2\n'
         (BASE + '[cells.gsm8k_3]\nagents = "three"\n', "cells.gsm8k_3.agents: expected int in [2, 5], got str 'three'"),
         (BASE + "[cells.a]\nagent = 3\n", "cells.a.agent: unknown setting"),
         (BASE + "[cells.a]\nn = true\n", "cells.a.n: expected int >= 1, got bool True"),
-        (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "(entry 1: unknown condition 'kvcom'"),
+        (BASE + '[cells.a]\nconditions = ["dense", "kvcom"]\n', "cells.a.conditions: entry 1: unknown condition"),
+        (  # a bad option of one condition: that entry and its option, not the list's own description
+            BASE + '[cells.a]\nconditions = ["dense", "bcr-chunk@0.2:chunk=0"]\n',
+            "cells.a.conditions: entry 1: condition 'bcr-chunk@0.2:chunk=0': option chunk: expected int >= 1, got 0",
+        ),
         (
             BASE + '[cells.a]\nconditions = "bcr-chunk:chunk=x"\n',
-            "condition 'bcr-chunk:chunk=x': option chunk: expected int",
+            "cells.a.conditions: entry 0: condition 'bcr-chunk:chunk=x': option chunk: expected int",
         ),
         (BASE.replace('conditions = ["dense"]\n', "") + "[cells.a]\n", "cells.a.conditions: missing"),
         (BASE + "[cells.a]\n[cells.a]\n", "cells.a: declared twice"),
@@ -224,7 +213,7 @@ def test_a_killed_ray_grid_is_finished_by_the_next_run(ray_address, tmp_path, ti
     )
     cells = read_grid(path)
     deadline = time.monotonic() + 240  # generous: a loaded machine starts Ray workers slowly
-    while sum(grid_folder.count_lines(out / g.name / "items.jsonl") for g in cells) < 3:
+    while sum(count_lines(out / g.name / "items.jsonl") for g in cells) < 3:
         assert driver.poll() is None and time.monotonic() < deadline, "the Ray grid wrote no items"
         time.sleep(0.05)
     os.killpg(driver.pid, signal.SIGKILL)

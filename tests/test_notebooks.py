@@ -302,6 +302,29 @@ def test_reports_open_offline(tmp_path):
     assert remote_scripts(page) == [] and "unpkg.com" not in page and "Plotly.newPlot" in page
 
 
+def test_a_progress_bar_saved_mid_run_is_left_out_of_the_report(tmp_path):
+    """A tqdm bar in a notebook is a widget; its state is left out of the report, and without it the
+    bar's output would read as the text it was made with: '0%'."""
+    bar = {"application/vnd.jupyter.widget-view+json": {"model_id": "a1", "version_major": 2, "version_minor": 0}}
+    bar["text/plain"] = "synthetic x3:   0%|          | 0/12 [00:00<?, ?it/s]"
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "run()",
+                outputs=[
+                    nbformat.v4.new_output("display_data", data=bar),
+                    nbformat.v4.new_output("stream", name="stdout", text="accuracy 0.75\n"),
+                ],
+            )
+        ]
+    )
+    executed = tmp_path / "n.ipynb"
+    nbformat.write(nb, executed)
+    page = export_html(executed, tmp_path / "n.html").read_text()
+    assert "0/12" not in page and "accuracy 0.75" in page
+    assert len(nbformat.read(executed, as_version=4).cells[0].outputs) == 2  # the executed copy keeps it
+
+
 def test_explorer_figure_holds_plain_lists_and_keeps_its_highlight_colour(tiny_chat):
     items = COMPARISON.items()
     view = lab.inspect_requests(

@@ -1,5 +1,7 @@
 """`written_whole`: a file's name holds its old content or the whole new one, never a part."""
 
+import os
+
 import pytest
 
 from bcr_core.paths import written_whole
@@ -60,3 +62,57 @@ def test_a_directory_replaces_the_old_one_whole_and_a_failed_one_leaves_nothing(
         (partial / "weights.safetensors").write_text("new")
     assert sorted(p.name for p in path.iterdir()) == ["weights.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_files_that_belong_together_take_their_names_together_or_not_at_all(tmp_path):
+    """A full disk on the second of two files: the first keeps its old content too, and the error is
+    one line naming the folder and the cause."""
+    import errno
+
+    from bcr_core.paths import WriteError, all_written_whole
+
+    first, second = tmp_path / "cell.json", tmp_path / "calls.jsonl.gz"
+    first.write_text("old cell")
+    second.write_text("old calls")
+    with pytest.raises(WriteError) as refused, all_written_whole([first, second]) as (a, b):
+        a.write_text("new cell")
+        b.write_text("new ca")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(refused.value) == (
+        f"{tmp_path}: cannot write cell.json, calls.jsonl.gz (No space left on device); nothing there was "
+        "changed: free space or give a folder you can write, then run again"
+    )
+    assert (first.read_text(), second.read_text()) == ("old cell", "old calls")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.jsonl.gz", "cell.json"]
+
+
+def test_a_folder_under_a_file_is_one_error_and_folders_made_on_the_way_are_removed(tmp_path):
+    from bcr_core.paths import WriteError
+
+    (tmp_path / "taken").write_text("a file where a folder should be")
+    with pytest.raises(WriteError, match=r"taken/new/deeper: cannot write summary.csv \(Not a directory\)"):
+        with written_whole(tmp_path / "taken" / "new" / "deeper" / "summary.csv") as partial:
+            partial.write_text("never")
+    with pytest.raises(KeyboardInterrupt), written_whole(tmp_path / "new" / "deeper" / "summary.csv") as partial:
+        partial.write_text("half")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_a_sibling_left_by_a_killed_writer_is_removed_by_the_next_one_and_a_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from bcr_core.paths import partial_sibling
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    path = tmp_path / "report.html"
+    killed = path.with_name(partial_sibling(path).name.replace(f".{os.getpid()}-", f".{dead}-"))
+    killed.write_text("half a report")
+    running = partial_sibling(path)  # this process's: a writer still at work
+    running.write_text("being written")
+    other = tmp_path / killed.name.replace("report.", "other.", 1)  # a dead writer's, of another file
+    other.write_text("another file's sibling")
+    with written_whole(path) as partial:
+        partial.write_text("whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["report.html", running.name, other.name])

@@ -102,6 +102,21 @@ def test_the_command_table_lists_every_subcommand():
     assert listed == set(sub.choices), sorted(set(sub.choices) ^ listed)
 
 
+@pytest.mark.parametrize("command", ["demo", "unit-curve", "run", "arena", "calibrate", "ttft", "grid", "notebooks"])
+def test_every_option_says_what_it_is_and_its_default(command):
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    page = " ".join(sub.choices[command].format_help().split())
+    for action in sub.choices[command]._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, f"bcr {command} {action.option_strings[0]} has no help text"
+        none = action.default is None or action.default is False or action.default in ("", [])
+        if not none and "default" not in action.help:
+            default = " ".join(str(action.default).split())
+            assert f"{' '.join(action.help.split())} (default: {default})" in page, action.option_strings[0]
+
+
 def test_the_summary_quotes_the_documented_numbers():
     """Every decimal, percentage and interval in the summary is in docs/results.md or
     docs/performance.md, so a number that moves there and not here fails."""

@@ -7,11 +7,15 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
+import bcr_core
 from bcr_core.cli import main
 from bcr_core.data import datasets
 from bcr_core.engine import models
@@ -31,6 +35,9 @@ CELL = Cell(
     max_new_tokens=3,
     item_seed=7,
 )
+
+
+ROOT = Path(bcr_core.__file__).resolve().parent.parent  # the bcr_core under test, for subprocesses
 
 
 def snapshot(folder):
@@ -554,6 +561,99 @@ def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_pa
     assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
     assert "Traceback" not in err
     assert len(run_files.read_jsonl(tmp_path / "r" / ITEMS)) == 3
+
+
+def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_path, monkeypatch, capsys):
+    """One item: no placeholder holds an anchor yet, so every condition serves what Dense serves."""
+    from collections import Counter
+
+    from bcr_core.analysis.summary import no_reuse_note
+
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: tiny_chat)
+    args = run_args(tmp_path / "r")
+    args[args.index("--n") + 1] = "1"
+    assert main(args) == 0
+    reasons = Counter(c["reason"] for c in run_files.read_jsonl(tmp_path / "r" / CALLS) if c["reason"] != "dense")
+    assert set(reasons) <= {"no_anchors", "one_anchor"} and reasons
+    shown = ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"bcr run: no call of these 1 items reused a cache (the gate's reasons: {shown}): KVComm reuses a segment "
+        "only once its placeholder holds 2 anchors at least as long (docs/design.md), laid down by earlier items' "
+        "dense prefills, so every condition served what Dense serves and the rows are alike; run more items (--n)"
+    )
+    assert no_reuse_note([{"reason": "no_anchors"}, {"reason": "reuse"}], 9) is None  # one reused call: no note
+    assert no_reuse_note([{"reason": "dense"}], 9) is None  # Dense alone has no gate
+
+
+SLOW_APPEND = """
+import time
+from bcr_core.runs import run_files
+real_append = run_files.RunFiles.append
+
+def wait_then_append(self, item, calls):
+    time.sleep(0.3)  # a run long enough to be stopped in the middle
+    real_append(self, item, calls)
+
+run_files.RunFiles.append = wait_then_append
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "grid"])
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_rerun_gives_the_uninterrupted_records(
+    tiny_config, tmp_path, command
+):
+    """What `kill`, systemd and SLURM send: the run keeps its finished items, says how to resume,
+    exits 143; the same command then finishes it with the records an uninterrupted run writes."""
+    from bcr_core.record_files import count_lines
+
+    model = f"config:{tiny_config}"
+    (tmp_path / "grid.toml").write_text(GRID.replace("[defaults]\n", f'[defaults]\nmodel = "{model}"\n'))
+    args = {
+        "run": lambda out: run_args(out, "--model", model),
+        "grid": lambda out: ["grid", str(tmp_path / "grid.toml"), "--out", str(out)],
+    }[command]
+    folder = {"run": lambda out: out, "grid": lambda out: out / "a"}[command]
+    code = f"import sys\nfrom bcr_core import cli\n{SLOW_APPEND}\nsys.exit(cli.main(sys.argv[1:]))"
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    stopped = tmp_path / "stopped"
+    process = subprocess.Popen([sys.executable, "-c", code, *args(stopped)], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while count_lines(folder(stopped) / ITEMS) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    kept = len(run_files.read_jsonl(folder(stopped) / ITEMS))
+    assert process.returncode == 143 and 2 <= kept < 12
+    assert err.splitlines()[-1] == f"bcr {command}: interrupted after {kept} items; rerun the same command to resume"
+    assert "Traceback" not in err
+
+    assert main(args(stopped)) == 0
+    assert main(args(tmp_path / "whole")) == 0
+    for name in (ITEMS, CALLS):
+        assert records(folder(stopped) / name) == records(folder(tmp_path / "whole") / name)
+
+
+@pytest.mark.parametrize(
+    "command, said",
+    [
+        (["ttft"], "interrupted; it keeps nothing, so rerun the same command to start again"),
+        (["unit-curve"], "interrupted; it keeps nothing, so rerun the same command to start again"),
+        (["calibrate", "--out", "{out}"], "interrupted; rerun the same command to resume"),
+        (["arena", "--n", "2", "--out", "{out}"], "interrupted; rerun the same command to resume"),
+    ],
+)
+def test_sigterm_in_any_long_command_is_one_line_and_exit_143(tmp_path, monkeypatch, capsys, command, said):
+    def terminated_while_loading(model):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", terminated_while_loading)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([part.format(out=tmp_path / "out") for part in command]) == 143
+    assert capsys.readouterr().err == f"bcr {command[0]}: {said}\n"
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the command's alone
 
 
 GRID = """

@@ -25,7 +25,7 @@ from bcr_core.analysis.protocol import MEASURES, MIN_EFFECT
 from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.analysis.tax import DROP_SHARE
 from bcr_core.errors import UsageError
-from bcr_core.paths import RESULTS
+from bcr_core.paths import RESULTS, all_written_whole
 
 POINTS = {"agrees_dense", "correct", "gap share"}
 SMOLLM2 = RESULTS / "claims"
@@ -65,9 +65,23 @@ def recorded(items: pd.DataFrame, grid: claims_grid.ClaimsGrid) -> list[str]:
 def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:
     """Write the three tables into `folder` (computed afresh unless given); return docs/results.md's Markdown."""
     tables = tables or compute(folder)
-    for name, table in tables.items():
-        table.to_csv(Path(folder) / f"{name}.csv", index=False)
+    with all_written_whole([Path(folder) / f"{name}.csv" for name in tables]) as partials:
+        for partial, table in zip(partials, tables.values()):
+            table.to_csv(partial, index=False)
     return markdown(tables["verdicts"], tables["verdicts_correct"])
+
+
+def check_not_arena(folder: Path) -> None:
+    """A claims folder holds runs in its subfolders; an arena's run folder is refused, naming its report."""
+    try:
+        settings = json.loads((folder / "cell.json").read_text())
+    except (OSError, ValueError):  # no run's settings here: the claims' own reading says what is missing
+        return
+    if isinstance(settings, dict) and "selectors" in settings:
+        raise UsageError(
+            f"{folder} is an arena folder (its cell.json names selectors), not a claims folder: "
+            f"run `bcr report arena {folder}`"
+        )
 
 
 def effect_text(row) -> str:
@@ -217,6 +231,8 @@ def transfer_markdown(table: pd.DataFrame, models: list[str]) -> str:
 
 
 def main(folders: list[str]) -> None:
+    for folder in folders:
+        check_not_arena(Path(folder))
     verdicts = {}
     for folder in folders:
         tables = compute(folder)

@@ -10,6 +10,7 @@ with its meaning, in the order the columns appear). A table asks for column grou
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from bcr_core.analysis.protocol import paired, realised_rows
 from bcr_core.analysis.stats import SPLIT, paired_split, wilson_ci
 from bcr_core.conditions import find
 from bcr_core.errors import UsageError
+from bcr_core.paths import write_text_whole
 
 COLUMNS = {
     "condition": "the condition's label as recorded",
@@ -151,8 +153,24 @@ def condition_table(
 def write_summary(items: pd.DataFrame, reference: str, folder: Path) -> pd.DataFrame:
     """A run folder's `summary.csv`: the `condition_table` of its items, which it returns."""
     table = condition_table(items, reference)
-    (Path(folder) / "summary.csv").write_text(table.to_csv(index=False))
+    write_text_whole(Path(folder) / "summary.csv", table.to_csv(index=False))
     return table
+
+
+def no_reuse_note(calls: list[dict], n: int) -> str | None:
+    """Why a run's table shows every condition alike, when none of its gated calls reused a cache:
+    KVComm's gate turns a segment down until its placeholder's pool holds two anchors, for the node,
+    at least as long as the segment (docs/design.md), which a run of a few items may never fill. None
+    when a call reused, or when no condition gates (Dense alone)."""
+    gated = Counter(c["reason"] for c in calls if c["reason"] != "dense")
+    if not gated or "reuse" in gated:
+        return None
+    reasons = ", ".join(f"{count} {reason}" for reason, count in gated.most_common())
+    return (
+        f"no call of these {n} items reused a cache (the gate's reasons: {reasons}): KVComm reuses a segment only "
+        "once its placeholder holds 2 anchors at least as long (docs/design.md), laid down by earlier items' dense "
+        "prefills, so every condition served what Dense serves and the rows are alike; run more items (--n)"
+    )
 
 
 def base_columns(mine: pd.DataFrame) -> dict:

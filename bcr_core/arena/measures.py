@@ -241,13 +241,20 @@ def verdicts(frame: pd.DataFrame, budget: str = PAIRED) -> pd.DataFrame:
     return family(rows)
 
 
+def has_records(folder) -> bool:
+    """Whether a folder holds a run's calls (`calls.jsonl`, or the committed `calls.jsonl.gz`)."""
+    from pathlib import Path
+
+    return any((Path(folder) / name).exists() for name in ("calls.jsonl", "calls.jsonl.gz"))
+
+
 def read_arena(folder) -> pd.DataFrame:
-    """The arena frame of a run folder (`calls.jsonl`, or the committed `calls.jsonl.gz`)."""
+    """The arena frame of a run folder (`calls.jsonl`, or the committed `calls.jsonl.gz`); in notebook
+    11, a folder without records says how to make them there (`bcr report arena` says it its own way)."""
     from pathlib import Path
 
     from bcr_core.record_files import read_calls
 
-    folder = Path(folder)
-    if not (folder / "calls.jsonl").exists() and not (folder / "calls.jsonl.gz").exists():
-        raise UsageError(f"no arena records under {folder}: run `bcr arena --n N --out {folder}`, or set fresh = True")
-    return arena_frame(read_calls(folder / "calls.jsonl"))
+    if not has_records(folder):
+        raise UsageError(f"no arena records under {folder}: set fresh = True to run the arena into results_dir")
+    return arena_frame(read_calls(Path(folder) / "calls.jsonl"))

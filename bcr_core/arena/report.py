@@ -195,6 +195,12 @@ def transfer_lines(folders) -> str:
 
 def main(folders: list) -> None:
     """Print each folder's tables, then (given several) the transfer table across their models."""
+    for folder in folders:
+        if not measures.has_records(folder):
+            raise UsageError(
+                f"{folder} holds no arena records (no calls.jsonl): make them with `bcr arena --n N --out {folder}`, "
+                "then report again"
+            )
     print("\n\n".join([*map(markdown, folders), *([transfer_lines(folders)] if len(folders) > 1 else [])]))
 
 

@@ -146,7 +146,7 @@ def check_layers(selectors, layers: int) -> None:
 def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataFrame:
     """Run (or resume) the arena; returns the per-item table of the serving run."""
     check_layers(cell.selectors, bb.num_layers)
-    files, written = RunFiles(out, cell), []
+    files = RunFiles(out, cell)
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
         pipeline = Pipeline(
@@ -175,11 +175,10 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
                 request = drive(bb, partial(pipeline.steps, server, item_id, question, reference)())
                 calls = arena_calls(bb, request, reference, entries, cell, index)
                 files.append(item_record(cell, condition, index, item, request), calls)
-                written.append(item_id)
                 bar.update(1)
                 release_freed_memory()
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
+        raise Interrupted(files) from None
     finally:
         files.release()
     return files.items_table()

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from bcr_core.errors import UsageError
+from bcr_core.paths import write_text_whole
 from bcr_core.record_files import read_jsonl, rewrite_jsonl
 from bcr_core.runs.run_files import read_settings
 
@@ -64,8 +65,7 @@ def merge(lanes: list[Path], out: Path) -> int:
                 check_alike(lane, index, theirs[index], mine)
         items.append(mine[0])
         calls.extend(mine[1])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cell.json").write_text(json.dumps(settings[0], indent=2))
+    write_text_whole(out / "cell.json", json.dumps(settings[0], indent=2))
     rewrite_jsonl(out / "calls.jsonl", calls)
     rewrite_jsonl(out / "items.jsonl", items)
     return len(items)

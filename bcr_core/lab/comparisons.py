@@ -22,6 +22,7 @@ from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
+from bcr_core.paths import write_text_whole
 from bcr_core.record_files import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell, RunSettings
 from bcr_core.runs.run_files import LATER_SETTINGS, read_settings
@@ -193,6 +194,5 @@ def cached_frame(path, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     if path.exists():
         return pd.read_csv(path)
     frame = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False)
+    write_text_whole(path, frame.to_csv(index=False))
     return frame

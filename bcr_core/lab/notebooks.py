@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bcr_core.errors import UsageError
-from bcr_core.paths import NOTEBOOKS
+from bcr_core.paths import NOTEBOOKS, write_text_whole, written_whole
 
 KERNEL = "bcr-lab"
 NOTEBOOK_DIR = NOTEBOOKS
@@ -130,6 +130,7 @@ def failure_message(name: str, executed: Path, error) -> str:
     )
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"  # a live widget's output (a bar, a slider, a FigureWidget)
 REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>\s*</script>", re.IGNORECASE)
 
 
@@ -137,14 +138,18 @@ def export_html(executed: Path, target: Path) -> Path:
     """An HTML report that opens with no network: plotly.js is inlined once by the notebooks'
     renderer; the scripts nbconvert and plotly would fetch from public CDNs (require.js, MathJax 2
     and 3) are left out, and so is saved widget state, whose renderer would come from a CDN too
-    (every live figure of the lab has a static copy in the report)."""
+    (every live figure of the lab has a static copy in the report), with the widgets' outputs: without
+    their state a widget shows the text it was made with, which for a progress bar reads "0%"."""
     import nbformat
     from nbconvert import HTMLExporter
 
     notebook = nbformat.read(str(executed), as_version=4)
     notebook.metadata.pop("widgets", None)
+    for cell in notebook.cells:
+        if "outputs" in cell:
+            cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
     body, _ = HTMLExporter().from_notebook_node(notebook)
-    target.write_text(REMOTE_SCRIPT.sub("", body), encoding="utf-8")
+    write_text_whole(target, REMOTE_SCRIPT.sub("", body))
     return target
 
 
@@ -172,10 +177,12 @@ def run_notebook(
     path: Path, out: Path, parameters: dict | None = None, kernel: str | None = None, html: bool = True
 ) -> NotebookResult:
     """Execute one notebook with papermill (working directory: its own folder), write the executed
-    copy and its HTML export to `out`. A failing cell is reported in the result, not raised.
+    copy and its HTML export to `out`, each taking its name once whole (an interrupted run leaves the
+    earlier copy). A failing cell is reported in the result, not raised.
 
-    Progress bars are switched off in the kernel: headless, nobody watches them, and a widget bar
-    saved mid-run would read "0%" in the HTML report."""
+    Progress bars are switched off in the kernel where tqdm is left to its defaults (headless, nobody
+    watches them); a bar whose code passes `disable` itself still runs, and the report leaves its
+    widget out (`export_html`), or it would read "0%"."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -185,22 +192,24 @@ def run_notebook(
     declared = declared_parameters(path)
     injected = {k: v for k, v in (parameters or {}).items() if k in declared}
     started = time.perf_counter()
-    error = None
-    try:
-        explicit = ",".join(k for k in injected if k not in ("smoke", "results_dir"))
-        with kernel_environment(TQDM_DISABLE="1", BCR_EXPLICIT_PARAMETERS=explicit):
+    failed, error = None, None
+    explicit = ",".join(k for k in injected if k not in ("smoke", "results_dir"))
+    with written_whole(executed) as partial, kernel_environment(TQDM_DISABLE="1", BCR_EXPLICIT_PARAMETERS=explicit):
+        try:
             papermill.execute_notebook(
                 str(path),
-                str(executed),
+                str(partial),
                 parameters=injected,
                 kernel_name=kernel or kernel_name(),
                 cwd=str(path.parent),
                 progress_bar=False,
             )
-    except PapermillExecutionError as err:
-        error = failure_message(path.name, executed, err)
-    except Exception as err:  # the kernel died or never started: no cell to name
-        error = f"{path.name} could not be run: {type(err).__name__}: {ANSI.sub('', str(err)).strip()}"
+        except PapermillExecutionError as err:  # the copy, traceback included, still takes its name
+            failed = err
+        except Exception as err:  # the kernel died or never started: no cell to name
+            error = f"{path.name} could not be run: {type(err).__name__}: {ANSI.sub('', str(err)).strip()}"
+    if failed is not None:
+        error = failure_message(path.name, executed, failed)
     seconds = time.perf_counter() - started
     page = export_html(executed, out / f"{path.stem}.html") if html and executed.exists() else None
     return NotebookResult(path.stem, round(seconds, 1), str(executed), None if page is None else str(page), error)
@@ -242,5 +251,5 @@ def run_notebooks(
         if not result.ok:
             print(result.error, file=log, flush=True)
         results.append(result)
-    (out / "summary.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    write_text_whole(out / "summary.json", json.dumps([asdict(r) for r in results], indent=2))
     return results

@@ -25,8 +25,10 @@ from bcr_core.data import benchmarks, synthetic
 from bcr_core.data.roles import PROMPTS
 from bcr_core.engine.stopping import RULES
 from bcr_core.errors import UsageError
+from bcr_core.paths import write_text_whole
 from bcr_core.record_files import append_jsonl, numbered_jsonl, rewrite_jsonl
 from bcr_core.reuse.servers import DenseServer
+from bcr_core.setting_kinds import differences
 
 CANDIDATES = tuple((prompt, stop) for prompt in PROMPTS for stop in RULES)
 CONTROLS = ("records", "no-records")
@@ -58,7 +60,8 @@ def calibrate(
     settings = {"agents": agents, "max_new_tokens": max_new_tokens, "item_seed": item_seed}
     for row in records:
         if {key: row[key] for key in settings} != settings:
-            raise UsageError(f"{path} holds records of other settings ({row}); use another --out")
+            found = differences({key: row[key] for key in settings}, settings)
+            raise UsageError(f"{path} holds records of other settings ({found}); use another --out")
     done = {(r["prompt"], r["stop"], r["control"], r["item_id"]) for r in records}
     items = benchmarks.load_items("synthetic", n, seed=item_seed)
     bar = tqdm(total=len(candidates) * len(items) * len(CONTROLS), initial=len(done), disable=not progress)
@@ -92,7 +95,7 @@ def calibrate(
                 bar.update(1)
     bar.close()
     table = calibration_table(records)
-    table.to_csv(out / "table.csv", index=False)
+    write_text_whole(out / "table.csv", table.to_csv(index=False))
     return table
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bcr_core.analysis.claims_grid import GATE, ClaimsGrid
 from bcr_core.engine.models import dtype_name
+from bcr_core.paths import write_text_whole
 from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve
 from bcr_core.probes.verify import verify
 from bcr_core.runs.cell import Cell
@@ -45,6 +46,6 @@ def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progr
     if not curve_path.exists():
         config = unit_config or UnitCurveConfig(segment_tokens=grid.segment_tokens, units=(1, 16, 64, 256))
         texts = default_texts(grid.unit_prompts)
-        unit_curve(bb, texts, config, progress=progress).to_csv(curve_path, index=False)
-    (out / "verify.json").write_text(json.dumps(verify(bb).to_dict(), indent=2))
+        write_text_whole(curve_path, unit_curve(bb, texts, config, progress=progress).to_csv(index=False))
+    write_text_whole(out / "verify.json", json.dumps(verify(bb).to_dict(), indent=2))
     return out

@@ -35,13 +35,13 @@ def run_in_process(grid: list[GridCell], out: Path, progress: bool = True) -> li
     total = sum(g.items for g in grid)
     overall = tqdm(total=total, initial=sum(items_done(g, out) for g in grid), desc="grid items", disable=not progress)
     failed = []
-    for g in todo:
-        try:
-            run_grid_cell(g, str(out), progress=progress, on_item=lambda: overall.update(1))
-        except Exception as err:  # the cell cannot run (a usage error) or hit a bug: it fails, the rest run
-            print(f"bcr grid: cell {g.name} failed: {failure(err)}", file=sys.stderr, flush=True)
-            failed.append(g.name)
-    overall.close()
+    with overall:  # closed on ^C too, so the interruption's line is the last
+        for g in todo:
+            try:
+                run_grid_cell(g, str(out), progress=progress, on_item=lambda: overall.update(1))
+            except Exception as err:  # the cell cannot run (a usage error) or hit a bug: it fails, the rest run
+                print(f"bcr grid: cell {g.name} failed: {failure(err)}", file=sys.stderr, flush=True)
+                failed.append(g.name)
     return failed
 
 

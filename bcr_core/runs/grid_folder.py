@@ -26,15 +26,6 @@ def is_finished(grid_cell: GridCell, out: Path) -> bool:
     return items_done(grid_cell, out) == grid_cell.items
 
 
-def count_lines(path: Path) -> int:
-    """A cheap running count of records for progress (a torn last line may be counted)."""
-    try:
-        with open(path, "rb") as f:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
-
-
 def combined_table(grid: list[GridCell], out: Path) -> pd.DataFrame:
     """`condition_table` of every cell that has records, read from DIR, with the cell's name and whether
     it is finished in front: per condition accuracy with its interval, Dense-agreement, reuse rate,

@@ -15,9 +15,10 @@ import pandas as pd
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
-from bcr_core.paths import utf8_text
-from bcr_core.record_files import append_jsonl, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
+from bcr_core.paths import process_alive, utf8_text, write_text_whole
+from bcr_core.record_files import append_jsonl, count_lines, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
 from bcr_core.runs.cell import Cell
+from bcr_core.setting_kinds import differences
 
 
 class RunFiles:
@@ -39,19 +40,20 @@ class RunFiles:
         check_folder(self.out, cell)
         self.lock = self.out / ".lock"
         self.take_lock()
+        self.found = None  # the item records on disk when the run began (`finished`)
 
     def settle(self) -> None:
         settings = self.out / "cell.json"
         if not settings.exists():
-            settings.write_text(json.dumps(identity(self.cell.record()), indent=2))
+            write_text_whole(settings, json.dumps(identity(self.cell.record()), indent=2))
 
     def take_lock(self) -> None:
         for _ in range(2):
             try:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
-                holder = self.lock.read_text().strip()
-                if holder.isdigit() and process_alive(int(holder)):
+                holder = live_writer(self.out)
+                if holder is not None:
                     raise UsageError(
                         f"{self.out} is being written by another process (pid {holder}); wait for "
                         "it to finish, or use another --out"
@@ -66,6 +68,10 @@ class RunFiles:
     def release(self) -> None:
         if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
             self.lock.unlink()
+
+    def kept(self) -> int:
+        """The item records this run has written so far: those on disk now, less those it found."""
+        return count_lines(self.items_path) - self.found if self.found is not None else 0
 
     def items_table(self) -> pd.DataFrame:
         """Every item record written so far, in item order."""
@@ -111,6 +117,7 @@ class RunFiles:
         if torn_items or torn_calls or len(kept_calls) < len(call_rows):
             rewrite_jsonl(self.items_path, [r for _, r in items.values()])
             rewrite_jsonl(self.calls_path, kept_calls)
+        self.found = len(items)
         return {k: r for k, (_, r) in items.items()}, {k: [derive(c) for _, c in v] for k, v in calls.items()}
 
     def checked_items(self, rows: list[tuple[int, dict]], item_ids: list[str]) -> dict[tuple[str, str], tuple]:
@@ -180,6 +187,34 @@ def check_record(path: Path, line: int, row: dict, fields: dict, conditions: tup
         raise damaged(path, line, f"condition {row['condition']!r} is not among cell.json's: {', '.join(conditions)}")
 
 
+def live_writer(folder: Path) -> int | None:
+    """The pid of the process writing a run folder (its lock's holder, still running), or None."""
+    try:
+        holder = (Path(folder) / ".lock").read_text().strip()
+    except OSError:
+        return None
+    return int(holder) if holder.isdigit() and process_alive(int(holder)) else None
+
+
+def unfinished(folder: Path, items: int) -> str | None:
+    """Why a run folder holding `items` item records is not a finished run, and what to do, or None:
+    a process still writing it, or fewer records than its settings ask for (n items per condition)."""
+    settings = read_settings(Path(folder) / "cell.json")
+    wanted = settings.get("n", 0) * len(settings.get("conditions", ()))
+    writer = live_writer(folder)
+    if writer is not None:
+        return (
+            f"{folder} is still being written (pid {writer}): {items} of {wanted or '?'} item records so far, "
+            "and the export holds only those; export again once that run has finished"
+        )
+    if items < wanted:
+        return (
+            f"{folder} is an unfinished run: {items} of {wanted} item records, and the export holds only "
+            "those; rerun the run's command to finish it, then export again"
+        )
+    return None
+
+
 def read_items(path: Path, conditions: tuple[str, ...]) -> list[dict]:
     """The item records at `path` (a torn last line dropped), each checked as `check_record` does."""
     rows = numbered_jsonl(path)[0]
@@ -211,9 +246,11 @@ def check_folder(out: Path, cell: Cell) -> None:
     out = Path(out)
     settings = out / "cell.json"
     if settings.exists():
-        found = identity(read_settings(settings))
-        if found != json.loads(json.dumps(identity(cell.record()))):
-            raise UsageError(f"{out} holds a run with other settings ({found}); use another --out or delete it")
+        found, wanted = identity(read_settings(settings)), json.loads(json.dumps(identity(cell.record())))
+        if found != wanted:
+            raise UsageError(
+                f"{out} holds a run with other settings ({differences(found, wanted)}); use another --out or delete it"
+            )
     elif (out / "items.jsonl").exists() or (out / "calls.jsonl").exists():
         raise UsageError(
             f"{out} holds records but no cell.json, so their settings are unknown; "
@@ -246,13 +283,3 @@ def identity(settings: dict) -> dict:
     return {
         k: v for k, v in settings.items() if k != "reference" and not (k in LATER_SETTINGS and v == LATER_SETTINGS[k])
     }
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -32,7 +32,10 @@ from bcr_core.runs.run_files import RunFiles
 
 
 class Interrupted(KeyboardInterrupt):
-    """^C during a run: its message says how many item records this run wrote, and how to resume."""
+    """^C (or SIGTERM) during a run: its message says how many item records this run wrote, and how to resume."""
+
+    def __init__(self, files: RunFiles):
+        super().__init__(f"interrupted after {files.kept()} items; rerun the same command to resume")
 
 
 class SharedReference(DenseServer):
@@ -120,7 +123,7 @@ def run_cell(
             f"the run's cell is in {cell.dtype} but the model is served in {served_in}: load the model with "
             f"--dtype {cell.dtype}, or make the cell with dtype {served_in!r}"
         )
-    files, written = RunFiles(out, cell), []
+    files = RunFiles(out, cell)
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
         pipeline = Pipeline(
@@ -163,7 +166,6 @@ def run_cell(
             condition, index = unit.key
             record = item_record(cell, condition, index, items[index], request)
             files.append(record, [c.to_dict() | {"item_id": request.item_id} for c in request.calls])
-            written.append(unit.key)
             bar.update(1)
             release_freed_memory()  # a long run's resident memory stays near what it holds
             if on_item is not None:
@@ -172,7 +174,7 @@ def run_cell(
         with bar:  # closed on ^C too, so the message below starts its own line
             run_lanes(bb, units, batch, may_start, finished, share_decodes)
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted after {len(written)} items; rerun the same command to resume") from None
+        raise Interrupted(files) from None
     finally:
         files.release()
     return files.items_table()
