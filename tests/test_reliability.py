@@ -248,7 +248,7 @@ def test_mistaken_arguments_are_one_line_errors(argv, message, capsys, tmp_path,
 def test_several_options_of_one_condition_survive_the_command_line(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(runner, "run_cell", lambda bb, cell, out, **k: seen.setdefault("cell", cell) and pytest.skip())
-    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda args: None)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model, dtype="auto": None)
     with pytest.raises(pytest.skip.Exception):
         main(
             [
@@ -555,7 +555,7 @@ def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_pa
         real_append(self, item, calls)
 
     monkeypatch.setattr(run_files.RunFiles, "append", interrupt_at_third)
-    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model, dtype="auto": tiny_chat)
     assert main(run_args(tmp_path / "r")) == 130
     err = capsys.readouterr().err.strip()  # the progress bar's lines, then one line
     assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
@@ -569,7 +569,7 @@ def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_pat
 
     from bcr_core.analysis.summary import no_reuse_note
 
-    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model, dtype="auto": tiny_chat)
     args = run_args(tmp_path / "r")
     args[args.index("--n") + 1] = "1"
     assert main(args) == 0
@@ -644,7 +644,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_rerun_gives_the_uninterrupte
     ],
 )
 def test_sigterm_in_any_long_command_is_one_line_and_exit_143(tmp_path, monkeypatch, capsys, command, said):
-    def terminated_while_loading(model):
+    def terminated_while_loading(model, dtype="auto"):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
         raise AssertionError("SIGTERM did not stop the command")
@@ -712,7 +712,7 @@ def test_a_grid_cell_with_a_bad_record_is_named_before_any_work(finished, tmp_pa
     (tmp_path / "out").mkdir()
     copied(finished, tmp_path / "out").rename(tmp_path / "out" / "a")
     edit_lines(tmp_path / "out" / "a" / ITEMS, lambda ls: with_record(ls, 12, index="3"))
-    monkeypatch.setattr(grid_task, "shared_backbone", lambda model: pytest.fail("work started"))
+    monkeypatch.setattr(grid_task, "shared_backbone", lambda model, dtype="auto": pytest.fail("work started"))
     with pytest.raises(grid_file.GridError, match=r"cell a: \S+items.jsonl, line 12: index is '3', expected int"):
         grid.run_grid(cells, tmp_path / "out", progress=False)
 
@@ -778,7 +778,7 @@ def test_missing_or_truncated_data_names_the_file(tmp_path, monkeypatch, capsys,
     monkeypatch.setattr(datasets, "_package_data_dir", lambda: tmp_path)
     with pytest.raises(AssetError, match=message):
         getattr(datasets, load)()
-    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: None)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model, dtype="auto": None)
     benchmark = {"load_gsm8k": "gsm8k", "load_mmlu": "mmlu", "load_humaneval": "humaneval"}[load]
     argv = ["run", "--benchmark", benchmark, "--agents", "2", "--conditions", "dense", "--n", "1"]
     assert main([*argv, "--out", str(tmp_path / "run")]) == 2
@@ -819,7 +819,7 @@ def test_calls_past_the_models_context_or_the_free_memory_are_refused_before_any
 
     if free is not None:
         monkeypatch.setattr(capacity, "available_bytes", lambda device: free)
-    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model: tiny_chat)
+    monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model, dtype="auto": tiny_chat)
     monkeypatch.setattr(latency, "ttft_calls", lambda *a, **k: pytest.fail("work started"))
     monkeypatch.setattr(runner, "make_server", lambda *a, **k: pytest.fail("work started"))
     assert main([*argv, *(["--out", str(tmp_path / "r")] if argv[0] == "run" else [])]) == 2

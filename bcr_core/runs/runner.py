@@ -117,6 +117,7 @@ def run_cell(
     `share_log_probs` measures each cache's teacher-forced log-probabilities for the fidelity KL once
     (`fidelity.ForcedLogProbs`, bit-identical); both are on unless turned off to measure them.
     """
+    items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
     served_in = dtype_name(bb.dtype)
     if cell.dtype != served_in:
         raise UsageError(
@@ -125,7 +126,6 @@ def run_cell(
         )
     files = RunFiles(out, cell)
     try:
-        items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
         pipeline = Pipeline(
             bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
         )
