@@ -13,7 +13,8 @@
 - `draft`: k greedy tokens with an eager kernel that returns weights, giving the attention the k
   queries paid to the cached rows (Algorithm 2). The cache is never modified, so the draft is
   rolled back exactly.
-- `generate`: greedy decoding (`batching` decodes many caches at once).
+- `generate`: greedy decoding, each step a fixed-shape step over a static cache (`static`: replayed
+  CUDA graphs on a GPU); `batching` decodes many caches at once.
 
 Conventions: a served cache stops one token short of the prompt (the paper's T = |x| - 1), and
 decoding starts by feeding the prompt's final token, so Dense and every reuse method share one
@@ -190,7 +191,7 @@ class Backbone:
         n = ids.numel()
         blank = torch.zeros(kv_shape(self.config, n), dtype=self.dtype, device=self.device)
         rows = torch.arange(n, device=self.device)
-        return self._recompute(KV(blank, blank.clone(), rows), ids, rows)
+        return self._recompute(KV(blank, blank, rows), ids, rows)  # recompute writes into a copy
 
     @torch.inference_mode()
     def extend(self, kv: KV, ids) -> KV:

@@ -44,8 +44,8 @@ def capacity(rows: int) -> int:
 
 @dataclass
 class Slab:
-    """One capacity's static cache: keys and values (L, 1, H_kv, C, D), `row_positions` (C,), `write_rows`
-    (q,) and `filled`, the rows a served cache and the steps after it hold."""
+    """One capacity's static cache: keys and values (L, 1, H_kv, C, D), the position each row holds
+    (`row_positions`, `EMPTY` where none), and `filled`, the rows a served cache and the steps after it hold."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -74,9 +74,9 @@ class Slab:
     def fits(self, kv: KV) -> bool:
         return tuple(self.keys.shape[:3]) == tuple(kv.keys.shape[:3]) and self.keys.dtype == kv.keys.dtype
 
-    def rows(self, n: int | None = None) -> KV:
-        """The first `n` rows (default: every filled row) as a `KV` of their own (copies: the slab is reused)."""
-        n = self.filled if n is None else n
+    def rows(self) -> KV:
+        """The filled rows as a `KV` of their own (copies: the slab is reused)."""
+        n = self.filled
         return KV(self.keys[:, :, :, :n].clone(), self.values[:, :, :, :n].clone(), self.row_positions[:n].clone())
 
 
