@@ -345,7 +345,7 @@ def test_batched_generation_equals_one_at_a_time(tiny):
     free = tiny.generate(*requests[2], stop_ids=()).tokens
     at = next(i for i in range(2, len(free)) if free[i] not in free[:i])  # row 2 stops there, after >= 2 tokens
     stop = free[at]
-    single = [tiny.generate(*r, stop_ids=(stop,)) for r in requests]
+    single = [tiny.generate(*r, stop_ids=(stop,), keep_cache=True) for r in requests]
     batch = generate_batch(tiny, requests, stop_ids=(stop,))
     assert single[2].stopped and len(single[2].tokens) == at
     for (kv, _, _), s, b in zip(requests, single, batch):

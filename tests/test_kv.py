@@ -74,7 +74,7 @@ def test_decoding_over_the_static_cache_gives_the_tokens_of_concatenation(tiny):
     ids = list(range(3, 80))
     kv = tiny.prefill(ids[:-1])
     before = kv.keys.clone()
-    grown = tiny.generate(kv, ids[-1], 20, stop_ids=(), keep_logits=True)
+    grown = tiny.generate(kv, ids[-1], 20, stop_ids=(), keep_logits=True, keep_cache=True)
     cache, token, logits = kv.to_cache(), ids[-1], []
     for step in range(20):
         out = tiny.model(

@@ -54,7 +54,7 @@ class Generation:
     stopped: bool  # ended on a stop token (not included in `tokens`)
     first_token_at: float  # time.perf_counter() when the first token was known
     logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # per step, when kept
-    cache: DynamicCache | None = field(default=None, repr=False)  # the cache after decoding: prompt + output rows
+    cache: DynamicCache | None = field(default=None, repr=False)  # after decoding, prompt + output rows (when kept)
 
 
 @dataclass
@@ -288,13 +288,15 @@ class Backbone:
         forced=None,
         stop_rule: StopRule | None = None,
         prior: Sequence[int] = (),
+        keep_cache: bool = False,
     ) -> Generation:
         """Greedy decoding from a served cache, feeding `last_id` first.
 
         `stop_ids` default to the model's eos; pass () to never stop early. `stop_rule` (see
         `engine.stopping`) also stops after a token, judged on `prior` (the answer's tokens decoded
         before this request) and the tokens so far. `forced` teacher-forces the given continuation
-        instead of the argmax (for next-token KL against a reference). Every step is the serving path's
+        instead of the argmax (for next-token KL against a reference). `keep_cache` returns the cache
+        after decoding (a copy of every row: only the callers that read it ask). Every step is the serving path's
         fixed-shape step over a static cache (`engine.static`): a replayed CUDA graph on a GPU.
         """
         stop = set(self.stop_ids if stop_ids is None else stop_ids)
@@ -317,7 +319,7 @@ class Backbone:
                 if forced is None and stop_rule is not None and stop_rule([*prior, *tokens]):
                     stopped = True
                     break
-            cache = slab.rows().to_cache()
+            cache = slab.rows().to_cache() if keep_cache else None
         return Generation(tokens, stopped, first_token_at or time.perf_counter(), logits, cache)
 
     def forced_logits(self, kv: KV, last_id: int, tokens: list[int]) -> torch.Tensor:

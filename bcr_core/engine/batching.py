@@ -157,7 +157,7 @@ def generate_batch(bb, requests: list[tuple[KV, int, int]], stop_ids=None) -> li
     (see `BatchDecoder`). One request takes `generate`'s path unchanged."""
     if len(requests) == 1:
         kv, last_id, max_new_tokens = requests[0]
-        return [bb.generate(kv, last_id, max_new_tokens, stop_ids)]
+        return [bb.generate(kv, last_id, max_new_tokens, stop_ids, keep_cache=True)]
     decoder, results = BatchDecoder(bb, stop_ids), {}
     for i, (kv, last_id, max_new_tokens) in enumerate(requests):
         decoder.add(i, kv, last_id, max_new_tokens)

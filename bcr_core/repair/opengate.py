@@ -37,7 +37,7 @@ class OpenGateServer(KVCommServer):
 
     def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
         steps = min(self.k, max_new_tokens)
-        draft = yield Decode(kv, ids[-1], steps, keep_logits=True)
+        draft = yield Decode(kv, ids[-1], steps, keep_logits=True, keep_cache=True)
         confidence = float(torch.stack(draft.logits).softmax(-1).amax(-1).mean())
         if confidence < self.theta:
             return Refused("low_confidence")

@@ -113,6 +113,7 @@ class Decode:
     keep_logits: bool = False
     prior: tuple[int, ...] = ()  # the answer's tokens decoded before this request (a continuation's)
     stop_rule: StopRule | None = None  # set by the pipeline for every request of a call (`engine.stopping`)
+    keep_cache: bool = False  # the Generation carries the cache after decoding (`Backbone.generate`)
 
     def now(self, bb: Backbone) -> Generation:
         """Answer the request on the spot, alone."""
@@ -123,6 +124,7 @@ class Decode:
             keep_logits=self.keep_logits,
             stop_rule=self.stop_rule,
             prior=self.prior,
+            keep_cache=self.keep_cache,
         )
 
 
@@ -150,9 +152,9 @@ def stopping(steps: Generator, stop_rule: StopRule | None) -> Generator:
         value = yield replace(request, stop_rule=stop_rule)
 
 
-def decode_call(kv: KV, last_id: int, max_new_tokens: int, started: float):
+def decode_call(kv: KV, last_id: int, max_new_tokens: int, started: float, keep_cache: bool = False):
     """Greedy decoding from a served cache (yields one `Decode`); TTFT and total seconds counted from `started`."""
-    generation = yield Decode(kv, last_id, max_new_tokens)
+    generation = yield Decode(kv, last_id, max_new_tokens, keep_cache=keep_cache)
     return generation, generation.first_token_at - started, time.perf_counter() - started
 
 

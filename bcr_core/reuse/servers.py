@@ -82,7 +82,7 @@ class KVCommServer(Server):
                     self.pool.activate(d)
         if served is None:
             kv = self.prefill(ids[:-1])
-            generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started)
+            generation, ttft, total = yield from decode_call(kv, ids[-1], max_new_tokens, started, keep_cache=True)
             full = KV.from_cache(generation.cache, torch.arange(len(ids)))  # the prompt's rows, the last included
             self.store_anchors(ids, spans, node, full)
             served = Served(kv, generation.tokens, ttft, total)
