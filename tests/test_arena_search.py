@@ -212,3 +212,28 @@ def test_the_gap_share_is_read_against_the_searched_ceiling_where_the_records_ho
         row = overall.set_index("selector").loc[name]
         assert row["gap_share"] == pytest.approx(share) and row["lo"] <= share <= row["hi"]
     assert overall.set_index("selector").loc["searched", "gap_share"] == pytest.approx(1.0)
+
+
+def test_the_ceiling_line_says_its_shares_are_upper_bounds_with_the_shares_the_records_give():
+    """Four paired calls: one searched exhaustively, three locally of which one stopped at the cap:
+    the line under the selector table reads 25% exhaustive, 75% local, 33% stopped at the cap."""
+    from bcr_core.arena.report import bound_line
+
+    cases = [("exhaustive", None), ("local", True), ("local", True), ("local", False)]
+    calls = [
+        {
+            "item_id": str(i),
+            "arena": {
+                "search": {
+                    "searched": {
+                        PAIRED: {"case": case, "local_optimum": stop, "space": 10, "evaluations": 8, "seconds": 1.0},
+                        "0.4": {"case": "local", "local_optimum": True, "space": 99, "evaluations": 48, "seconds": 2.0},
+                    }
+                }
+            },
+        }
+        for i, (case, stop) in enumerate(cases)
+    ]
+    line = bound_line(calls)
+    assert "exhaustively on 25% of the paired calls and locally on 75%, of which 33% stopped at the" in line
+    assert "upper bound" in line

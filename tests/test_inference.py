@@ -43,6 +43,14 @@ def test_sign_flip_equals_the_enumeration_of_every_sign():
     assert inf.sign_flip(np.zeros(5)) == 1.0
 
 
+def test_a_sign_flip_whose_every_flip_ties_or_exceeds_the_observed_mean_gives_p_1():
+    """Per-item thirds (a draft against three coin seeds) whose units sum to an odd count: no flip sums
+    to zero, so every flip's |mean| reaches the observed 1/3 over n, and p is 1 exactly, however the
+    floats of the flipped sums round."""
+    d = np.array([1 / 3] * 21 + [2 / 3] * 10 + [-1 / 3] * 20 + [-2 / 3] * 10 + [0.0] * 139)
+    assert inf.sign_flip(d) == 1.0 and inf.sign_flip(d, resamples=100_000, seed=3) == 1.0
+
+
 def test_bootstrap_interval_covers_the_mean_and_shrinks_with_n():
     rng = np.random.default_rng(1)
     small, large = rng.normal(0.3, 1, 50), rng.normal(0.3, 1, 800)

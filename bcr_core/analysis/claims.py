@@ -2,8 +2,9 @@
 
 Each claim names the conditions it compares and hands their per-item outcomes to the protocol of
 `bcr_core.analysis.protocol` (the item as the unit, coin seeds as one control, budgets matched
-in rows, intervals, equivalence for null claims, Holm over the table). Nothing here tunes
-anything: the records are what they are.
+in rows, intervals, equivalence for null claims, Holm over the table). One family per model, on
+accuracy (the paper's measure); each distinct comparison is tested once, and agreement with Dense
+and KL to Dense are printed beside it. Nothing here tunes anything: the records are what they are.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import pandas as pd
 from bcr_core.analysis import inference as inf
 from bcr_core.analysis import line, tax
 from bcr_core.analysis.protocol import (
-    KL_MIN_SHARE,
     MIN_EFFECT,
+    REPAIR_MARGIN,
     ROW_TOLERANCE,
     Verdict,
+    beside,
     binary_claim,
     family,
     mean_claim,
@@ -24,6 +26,7 @@ from bcr_core.analysis.protocol import (
     rows_differ,
     rows_text,
 )
+from bcr_core.analysis.stats import mcnemar_exact
 from bcr_core.analysis.summary import with_agreement
 from bcr_core.conditions import find, parse
 
@@ -74,17 +77,36 @@ def row_matched(condition: str, bcr: str, conditions: list[str]) -> str | None:
 
 # ------------------------------------------------------------------------------- the claims
 def pair_claim(items, calls, claim, paper, measure, better, worse, test_name) -> Verdict:
-    """Two conditions on one measure: McNemar on a binary one, a sign-flip test on KL."""
-    table = paired(items, measure, better, worse)
-    if measure == "kl_mean":
-        row = mean_claim(
-            claim, paper, measure, f"{test_name}: per-item mean KL, sign-flip over items", table[worse] - table[better]
-        )
-        row.evidence = f"mean per-item KL {table[better].mean():.4f} vs {table[worse].mean():.4f}"
-    else:
-        table = table.astype(bool)
-        row = binary_claim(claim, paper, measure, f"{test_name}: per item, exact McNemar", table[better], table[worse])
+    """Two conditions on a binary measure: exact McNemar, the other measures beside it."""
+    table = paired(items, measure, better, worse).astype(bool)
+    row = binary_claim(claim, paper, measure, f"{test_name}: per item, exact McNemar", table[better], table[worse])
+    row.evidence += "; " + beside(items, better, worse)
     row.rows = rows_text(calls, better, worse, table.index)
+    return row
+
+
+def level_claim(items, calls, paper, measure, bcr, other, test_name) -> Verdict:
+    """BCR-chunk level with another repair at matched cost: TOST within ±REPAIR_MARGIN on the per-item
+    difference (one-sided t-tests), the two-sided exact McNemar beside it."""
+    table = paired(items, measure, bcr, other).astype(float)
+    d = table[bcr] - table[other]
+    both, b_only, o_only, neither = inf.table_of(table[bcr] == 1, table[other] == 1)
+    test = (
+        f"{test_name}: per-item difference within ±{100 * REPAIR_MARGIN:g} pts (the paper's smallest claimed "
+        "gap between two repairs, the draft over a coin), TOST by one-sided t-tests over items"
+    )
+    lo, hi = inf.paired_difference_ci(both, b_only, o_only, neither)
+    evidence = (
+        f"{b_only}/{o_only} (items only BCR-chunk / only the other gets); two-sided exact McNemar p "
+        f"{mcnemar_exact(b_only, o_only):.2g}; " + beside(items, bcr, other)
+    )
+    row = Verdict("BCR is level with CacheBlend at matched cost", paper, measure, test, "undecided", float(d.mean()))
+    row.ci_lo, row.ci_hi, row.n, row.evidence, row.kind = lo, hi, len(d), evidence, "equivalence"
+    row.p, row.margin = inf.t_tost(d, REPAIR_MARGIN), REPAIR_MARGIN
+    row.tost_lo, row.tost_hi = inf.t_interval(d, 0.90)
+    row.items_needed = inf.tost_items_needed(d, REPAIR_MARGIN)
+    row.per_item = d
+    row.rows = rows_text(calls, bcr, other, table.index)
     return row
 
 
@@ -102,7 +124,7 @@ def coin_claim(items, calls, claim, paper, measure, draft, coins, nominal: list[
         for c in coins
     ]
     own = f"draft {table[draft].mean():.4f}" if measure == "kl_mean" else f"draft {100 * table[draft].mean():.1f}%"
-    row.evidence = f"{own}; per seed (description): " + "; ".join(per_seed)
+    row.evidence = f"{own}; per seed (description): " + "; ".join(per_seed) + "; " + beside(items, draft, *coins)
     row.rows = rows_text(calls, draft, coins[0], table.index)
     if nominal and nominal != coins:
         row.read_on = f"row-matched coin (the chunk-count coin: {rows_text(calls, draft, nominal[0], table.index)})"
@@ -172,14 +194,15 @@ def verdicts(
     gate_settings: tuple = (),
     curve: pd.DataFrame | None = None,
     verify: dict | None = None,
-    measure: str = "agrees_dense",
+    measure: str = "correct",
     gate: pd.DataFrame | None = None,
     seed: int = 0,
+    unconditional: str = "kvcomm@1",
 ) -> pd.DataFrame:
-    """One row per claim of the paper, tested on these records, as one Holm family. `measure` is the
-    binary outcome the binary claims are read on (`agrees_dense`, primary on a small model, or
-    `correct`); KL rows read the per-item mean KL. `gate` holds the gate run's own Dense, KVComm
-    and settings (default: `items`)."""
+    """One row per distinct comparison the paper claims, tested once on these records, as one Holm
+    family. `measure` is the binary outcome every row is read on (`correct`, the paper's; agreement
+    with Dense and KL are printed beside it). `gate` holds the gate run's own Dense, unconditional
+    reuse and settings (default: `items`); `gate_settings` names the settings between them."""
     conditions = list(dict.fromkeys(items["condition"]))
     bcr, kvcomm, dense, matched = (find(conditions, c) for c in (bcr, kvcomm, dense, matched))
     cacheblend = cacheblend and find(conditions, cacheblend)
@@ -189,43 +212,28 @@ def verdicts(
     def have(*names):
         return all(n in conditions for n in names)
 
-    if have(matched, kvcomm):
-        rows.append(
-            pair_claim(
-                items,
-                calls,
-                "reuse costs Dense-agreement",
-                "§1, §4.3 (Table 5a)",
-                "agrees_dense",
-                matched,
-                kvcomm,
-                "token-matched Dense vs KVComm",
-            )
-        )
     if have(dense, kvcomm):
         rows.append(
-            pair_claim(items, calls, "reuse costs accuracy", "§1, Table 3", "correct", dense, kvcomm, "Dense vs KVComm")
+            pair_claim(items, calls, "reuse costs accuracy", "§1, Table 3", measure, dense, kvcomm, "Dense vs KVComm")
         )
     if have(dense, matched, kvcomm):
+        rows.append(tax.approximation_claim(items, matched, kvcomm, measure))
         rows.append(tax.tax_claim(items, dense, matched, kvcomm, measure))
         if have(bcr):
-            for value in (measure, "kl_mean"):
-                rows.append(tax.untouched_claim(items, dense, matched, kvcomm, bcr, value))
-            rows.append(tax.approximation_recovered_claim(items, dense, matched, kvcomm, bcr, measure))
-    gate = items if gate is None else line.gate_with_matched(gate, items, matched)
-    gate = with_agreement(gate, find(list(gate["condition"].unique()), dense))
-    recorded_gate = list(gate["condition"].unique())
-    rows.append(
-        line.line_claim(
-            gate,
-            *(find(recorded_gate, c) for c in (dense, matched, kvcomm)),
-            [find(recorded_gate, g) for g in gate_settings],
-            measure,
+            rows.append(tax.untouched_claim(items, matched, bcr, measure))
+    if have(bcr, kvcomm):
+        row = pair_claim(
+            items, calls, "BCR-chunk beats KVComm", "§4.3, Tables 3 and 5a", measure, bcr, kvcomm, "BCR-chunk vs KVComm"
         )
-    )
-    if have(dense, matched, kvcomm, bcr):
-        rows.append(line.lift_claim(items, matched, kvcomm, bcr, measure))
+        if have(dense, matched):  # the same per-item difference, read as a share and as a lift: description
+            row.evidence += (
+                f"; {tax.recovered_text(items, matched, kvcomm, bcr, measure)}; "
+                f"{line.lift_text(items, dense, kvcomm, bcr, measure)}"
+            )
+        rows.append(row)
+    if have(dense, kvcomm, bcr):
         rows.append(line.recovery_claim(items, dense, kvcomm, bcr, measure))
+    rows.append(gate_claim(items if gate is None else gate, dense, unconditional, [kvcomm, *gate_settings], measure))
     rows.append(unit_claim(curve))
     for name in [bcr, f"{bcr},rank=predicted" if ":" in bcr else f"{bcr}:rank=predicted"]:
         name = find(conditions, name)
@@ -238,62 +246,40 @@ def verdicts(
         ):
             coins = nominal  # the chunk-count coin already spends the draft's rows (or is all there is)
         suffix = "" if parse(name).option("rank") == "all" else " (ranking only predicted rows)"
-        for value, tail in ((measure, ""), ("kl_mean", ", KL per item")):
-            rows.append(
-                coin_claim(
-                    items,
-                    calls,
-                    "draft beats coin at chunk granularity" + suffix + tail,
-                    "§4.3, Table 5a",
-                    value,
-                    name,
-                    coins,
-                    nominal,
-                )
-            )
-    if have(bcr, kvcomm):
-        for value, tail in ((measure, ""), ("kl_mean", ", KL per item")):
-            rows.append(
-                pair_claim(
-                    items,
-                    calls,
-                    "BCR-chunk beats KVComm" + tail,
-                    "§4.3, Tables 3 and 5a",
-                    value,
-                    bcr,
-                    kvcomm,
-                    "BCR-chunk vs KVComm",
-                )
-            )
-    twin = cacheblend and have(bcr) and row_matched(cacheblend, bcr, conditions)
-    if cacheblend and have(bcr) and (twin or have(cacheblend)):
-        if not have(cacheblend):  # only the row-matched CacheBlend recorded
-            read = twin
-        else:
-            ids = paired(items, measure, bcr, cacheblend).index
-            read = twin if twin and rows_differ(calls, bcr, cacheblend, ids) else cacheblend
-        for value, tail in ((measure, ""), ("kl_mean", ", KL per item")):
-            row = pair_claim(
-                items,
-                calls,
-                "BCR beats CacheBlend at matched cost" + tail,
-                "App. D, Tables 3 and 14",
-                value,
-                bcr,
-                read,
-                f"BCR-chunk vs {read}",
-            )
-            if not have(cacheblend):
-                row.read_on = f"row-matched CacheBlend (no nominal {cacheblend} recorded)"
-            elif read != cacheblend:
-                row.read_on = f"row-matched CacheBlend (nominal {cacheblend}: {rows_text(calls, bcr, cacheblend, ids)})"
-            rows.append(row)
+        claim = "draft beats coin at chunk granularity" + suffix
+        rows.append(coin_claim(items, calls, claim, "§4.3, Table 5a", measure, name, coins, nominal))
+    rows += cacheblend_claims(items, calls, bcr, cacheblend, conditions, measure)
     if have(dense, matched):
         rows.append(tax.identity_check(items, calls, dense, matched, measure))
     rows.append(exactness_claim(verify))
-    kl_cost = float(items.loc[items["condition"] == kvcomm, "kl_mean"].mean()) if "kl_mean" in items else 0.0
-    for row in rows:  # prospective power of sign-flip rows: MIN_EFFECT, or on KL a tenth of reuse's own KL
+    for row in rows:  # prospective power of sign-flip rows at MIN_EFFECT
         if row.kind == "superiority" and row.resamples is not None or row.measure == "gap share":
-            target = KL_MIN_SHARE * kl_cost if row.measure == "kl_mean" else MIN_EFFECT
-            row.items_needed = inf.mean_items_needed_at(row.per_item, target) if target else None
+            row.items_needed = inf.mean_items_needed_at(row.per_item, MIN_EFFECT)
     return family(rows, seed)
+
+
+def gate_claim(gate: pd.DataFrame, dense: str, unconditional: str, settings: list[str], measure: str) -> Verdict:
+    """Equation 3's line on the gate run, its conditions found by their settings."""
+    gate = with_agreement(gate, find(list(gate["condition"].unique()), dense))
+    recorded = list(gate["condition"].unique())
+    found = [find(recorded, c) for c in settings]
+    return line.line_claim(gate, find(recorded, dense), find(recorded, unconditional), found, measure)
+
+
+def cacheblend_claims(items, calls, bcr, cacheblend, conditions, measure) -> list[Verdict]:
+    """BCR-chunk level with CacheBlend at matched cost (App. D, Table 14: "neither pairing separates"),
+    read on the row-matched CacheBlend where the nominal one spends other rows."""
+    twin = cacheblend and bcr in conditions and row_matched(cacheblend, bcr, conditions)
+    if not (cacheblend and bcr in conditions and (twin or cacheblend in conditions)):
+        return []
+    if cacheblend not in conditions:  # only the row-matched CacheBlend recorded
+        read = twin
+    else:
+        ids = paired(items, measure, bcr, cacheblend).index
+        read = twin if twin and rows_differ(calls, bcr, cacheblend, ids) else cacheblend
+    row = level_claim(items, calls, "App. D, Tables 3 and 14", measure, bcr, read, f"BCR-chunk vs {read}")
+    if cacheblend not in conditions:
+        row.read_on = f"row-matched CacheBlend (no nominal {cacheblend} recorded)"
+    elif read != cacheblend:
+        row.read_on = f"row-matched CacheBlend (nominal {cacheblend}: {rows_text(calls, bcr, cacheblend, ids)})"
+    return [row]

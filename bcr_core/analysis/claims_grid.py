@@ -16,6 +16,10 @@ from bcr_core.errors import UsageError
 from bcr_core.record_files import read_calls, read_records
 
 GATE = "gate"  # the gate sweep's run folder: its own Dense and KVComm, read apart from the main grid
+# The gate sweep on items of an item seed no run had read, with gamma settings between KVComm and
+# OpenGate: where a claims folder holds it, Equation 3's line is read on it (the rule, and the line's
+# margin, fixed before it ran); otherwise on `GATE`, after the fact.
+GATE_FRESH = "gate-fresh"
 
 
 # ------------------------------------------------------------------------------- records
@@ -59,7 +63,7 @@ class ClaimsGrid:
     max_new_tokens: int = 8
     chunk: int = 16
     seeds: tuple[int, ...] = (0, 1, 2)
-    gammas: tuple[float, ...] = (0.5, 1.0)
+    gammas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0)  # between OpenGate and KVComm's reuse, and beyond
     theta: float = 0.5
     item_seed: int = 0
     gate_n: int = 100  # items of the gate sweep (its own Dense and KVComm arms included)
@@ -114,13 +118,15 @@ class ClaimsGrid:
 def load_claims(folder) -> dict:
     """Everything the verdicts read from a folder `runs.claims_run.run_fresh` (or the committed results) wrote."""
     folder = Path(folder)
-    items, calls = load_runs(folder, skip=(GATE,))
+    items, calls = load_runs(folder, skip=(GATE, GATE_FRESH))
     curve = folder / "unit_curve.csv"
     report = folder / "verify.json"
+    gates = [folder / name for name in (GATE_FRESH, GATE) if (folder / name / "cell.json").exists()]
     return {
         "items": items,
         "calls": calls,
-        "gate": load_runs(folder / GATE)[0] if (folder / GATE / "cell.json").exists() else None,
+        "gate": load_runs(gates[0])[0] if gates else None,
+        "gate_folder": gates[0].name if gates else None,
         "curve": pd.read_csv(curve) if curve.exists() else None,
         "verify": json.loads(report.read_text()) if report.exists() else None,
     }

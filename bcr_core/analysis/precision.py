@@ -3,8 +3,8 @@
 A sign-flip p from R random flips carries a Monte-Carlo standard error sqrt(p (1 - p) / R). Where
 that error could carry p across the threshold Holm holds it to (alpha / k for the k-th smallest of
 m tests, k = m - rank), the test is rerun with more flips (`refine`); a p at the resampling floor,
-2 / (R + 1) for a two-sided test (scipy doubles the smaller tail, the observed flip counted once),
-says only p < 2 / R and prints so (`p_text`). Where 2^n is within the flips, scipy's
+1 / (R + 1) (the share of flips whose |mean| reaches the observed one, the observed flip counted
+once), says only p < 1 / R and prints so (`p_text`). Where 2^n is within the flips, scipy's
 `permutation_test` enumerates every sign and the p is exact.
 """
 
@@ -36,7 +36,7 @@ def close_to(p: float, threshold: float, resamples: int) -> bool:
 
 
 def at_floor(p: float | None, resamples: int | None) -> bool:
-    return p is not None and bool(resamples) and p <= 2.0001 / (resamples + 1)
+    return p is not None and bool(resamples) and p <= 1.0001 / (resamples + 1)
 
 
 def holm_thresholds(pvalues: list[float | None], alpha: float = inf.ALPHA) -> list[float | None]:
@@ -59,7 +59,7 @@ def refine(gain, p: float, threshold: float, resamples: int = RESAMPLES, seed: i
 
 
 def p_text(p, resamples=None, bound: bool | None = None) -> str:
-    """A p as the tables print it: "< 2/R" at the two-sided floor of R flips; `bound` marks a
+    """A p as the tables print it: "< 1/R" at the floor of R flips; `bound` marks a
     p (Holm's) that is only an upper bound because its raw p sat at the floor."""
     if p is None or (isinstance(p, float) and math.isnan(p)):
         return ""
@@ -67,5 +67,5 @@ def p_text(p, resamples=None, bound: bool | None = None) -> str:
         bound = False
         if resamples is not None and not (isinstance(resamples, float) and math.isnan(resamples)):
             if at_floor(p, int(resamples)):
-                return f"< {2 / int(resamples):.1g}"
+                return f"< {1 / int(resamples):.1g}"
     return f"< {p:.2g}" if bound else f"{p:.2g}"

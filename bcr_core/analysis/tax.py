@@ -1,22 +1,26 @@
-"""The tokenization tax as the paper states it (§4.3, §5): the reuse gap splits into a tokenization
-term (Dense minus token-matched Dense: same computation, the reuse path's ids) and an approximation
-term (token-matched Dense minus KVComm: same ids, a predicted cache); repair recovers part of the
-second and cannot touch the first.
+"""The tokenization tax as the paper states it (§4.3, App. F): the reuse gap splits into a
+tokenization term (Dense minus token-matched Dense: same computation, the reuse path's ids) and an
+approximation term (token-matched Dense minus KVComm: same ids, a predicted cache); repair recovers
+part of the second and cannot touch the first. All on accuracy, the paper's measure (it prices the tax
+at 6.7 points of MMLU accuracy); agreement with Dense cannot price it, since Dense agrees with itself
+on every item and token-matched Dense cannot be ahead of it there.
 
-Three claims, each one member of the table's Holm family, each over items:
+Each claim is one member of the model's Holm family, over items:
 
-- `tax_claim`: the tokenization term is positive (exact McNemar on a binary outcome, a sign-flip on
-  KL), with the approximation term and the tokenization share of the gap, (Dense - token-matched) /
-  (Dense - KVComm), with a bootstrap interval, as evidence;
-- `untouched_claim`: the repaired condition is no closer to Dense than token-matched Dense is,
-  beyond a margin of `DROP_SHARE` of the Dense-to-KVComm drop (a one-sided t-test on per-item
-  distance to Dense: 1 - agreement, or KL). Full repair (rho = 1) reaches token-matched Dense by
-  construction, which `bcr verify` checks as an identity;
-- `approximation_recovered_claim`: the share of the approximation term BCR recovers,
-  (BCR - KVComm) / (token-matched Dense - KVComm), with a bootstrap interval; its test is BCR vs
-  KVComm's per-item difference (sign-flip), so the share is positive exactly when that test says so.
+- `tax_claim`: the tokenization term is positive (exact McNemar), with the approximation term and the
+  tokenization share of the gap, (Dense - token-matched) / (Dense - KVComm), as evidence;
+- `approximation_claim`: the approximation term is positive (token-matched Dense vs KVComm, exact
+  McNemar; the paper: 25/48, p = 0.010);
+- `untouched_claim`: repair at its budget stays at or below token-matched Dense, "whatever its
+  budget": its accuracy minus token-matched Dense's is below `LINE_MARGIN` (1.6 points, the paper's
+  own tolerance), one-sided t-test over items; it does not hold when the 95% interval lies wholly
+  above the margin (a repair that reaches Dense past a tax larger than the margin). Full repair
+  (rho = 1) is token-matched Dense by construction, the identity `bcr verify` checks;
+- `recovered_text`: the share of the approximation term BCR recovers, (BCR - KVComm) /
+  (token-matched Dense - KVComm) with a bootstrap interval: description beside BCR vs KVComm, whose
+  per-item difference is its numerator.
 
-`identity_check` keeps the old separability check outside the family: on items whose reuse-path ids
+`identity_check` keeps the separability check outside the family: on items whose reuse-path ids
 equal Dense's on every call, token-matched Dense is fed Dense's very ids and must equal it.
 """
 
@@ -26,13 +30,9 @@ import numpy as np
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
-from bcr_core.analysis.protocol import Verdict, binary_claim, mean_claim, paired
+from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, Verdict, beside, binary_claim, paired
 
-# The margin of the one-sided and equivalence claims that read the Dense-to-KVComm drop, as a share of
-# that drop on the same measure. Fixed here before the Gemma reruns behind <bos> were read: a
-# quarter of the whole cost of reuse is the most a "no closer" or "on the line" may hide.
-DROP_SHARE = 0.25
-PAPER = "§4.3, §5"
+PAPER = "§4.3, App. F"
 
 
 def distance(items: pd.DataFrame, measure: str, *conditions: str) -> pd.DataFrame:
@@ -56,61 +56,65 @@ def share_ci(numerator: np.ndarray, denominator: np.ndarray) -> tuple[float, flo
     return float(ratio(both)), float(lo), float(hi)
 
 
-def tax_claim(items, dense, matched, kvcomm, measure) -> Verdict:
-    """Reuse pays a tokenization tax: Dense closer to Dense than token-matched Dense, on every item."""
+def tax_claim(items, dense, matched, kvcomm, measure="correct") -> Verdict:
+    """Reuse pays a tokenization tax: Dense right where token-matched Dense is not (exact McNemar)."""
     far = distance(items, measure, dense, matched, kvcomm)
     tokenization, approximation = far[matched] - far[dense], far[kvcomm] - far[matched]
-    claim, test = "reuse pays a tokenization tax", "Dense vs token-matched Dense on every item"
-    if measure == "kl_mean":
-        row = mean_claim(claim, PAPER, measure, test + ", sign-flip over items", tokenization)
-    else:
-        table = paired(items, measure, dense, matched).astype(bool)
-        row = binary_claim(claim, PAPER, measure, test + ", exact McNemar", table[dense], table[matched])
+    claim, test = "reuse pays a tokenization tax", "Dense vs token-matched Dense on every item, exact McNemar"
+    table = paired(items, measure, dense, matched).astype(bool)
+    row = binary_claim(claim, PAPER, measure, test, table[dense], table[matched])
     lo, hi = inf.bootstrap_ci(approximation.to_numpy())
     share, s_lo, s_hi = share_ci(tokenization.to_numpy(), (tokenization + approximation).to_numpy())
-    row.evidence = (
-        f"tokenization term {scaled(tokenization.mean(), measure)}, approximation term "
+    row.evidence += (
+        f"; tokenization term {scaled(tokenization.mean(), measure)}, approximation term "
         f"{scaled(approximation.mean(), measure)} [{scaled(lo, measure)}, {scaled(hi, measure)}]; "
-        f"tokenization share of the gap {100 * share:.0f}% [{100 * s_lo:.0f}, {100 * s_hi:.0f}]"
+        f"tokenization share of the gap {100 * share:.0f}% [{100 * s_lo:.0f}, {100 * s_hi:.0f}]; "
+        + beside(items, dense, matched)
     )
     return row
 
 
-def untouched_claim(items, dense, matched, kvcomm, repaired, measure) -> Verdict:
-    """Repair cannot touch the tax: `repaired` no closer to Dense than token-matched Dense, beyond a
-    margin of DROP_SHARE of the Dense-to-KVComm drop (one-sided t-test over items)."""
-    far = distance(items, measure, dense, matched, kvcomm, repaired)
-    margin = DROP_SHARE * float(far[kvcomm].mean() - far[dense].mean())
-    gap = far[repaired] - far[matched]  # + = the repaired condition is farther from Dense
+def approximation_claim(items, matched, kvcomm, measure="correct") -> Verdict:
+    """The approximation costs accuracy: token-matched Dense right where KVComm is not (exact McNemar)."""
+    table = paired(items, measure, matched, kvcomm).astype(bool)
+    test = "token-matched Dense vs KVComm on every item (the same ids, a predicted cache), exact McNemar"
+    row = binary_claim("the approximation costs accuracy", PAPER, measure, test, table[matched], table[kvcomm])
+    row.evidence += "; " + beside(items, matched, kvcomm)
+    return row
+
+
+def untouched_claim(items, matched, repaired, measure="correct") -> Verdict:
+    """Repair cannot touch the tax: `repaired` at or below token-matched Dense, within LINE_MARGIN
+    (one-sided t-test over items of token-matched Dense minus the repair; + = the repair below)."""
+    table = paired(items, measure, matched, repaired).astype(float)
+    gap = table[matched] - table[repaired]
     lo, hi = inf.t_interval(gap, 0.95)
-    claim = "repair cannot touch the tokenization tax" + (", KL per item" if measure == "kl_mean" else "")
     test = (
-        f"{repaired} no closer to Dense than token-matched Dense by more than {DROP_SHARE:g} of the "
-        f"Dense-to-KVComm drop ({scaled(margin, measure)}): one-sided t-test over items"
+        f"{repaired} at or below token-matched Dense: its lead over it under {100 * LINE_MARGIN:g} pts "
+        "(the paper's 1.6-point tolerance), one-sided t-test over items"
     )
+    claim = "repair cannot touch the tokenization tax"
     row = Verdict(claim, PAPER, measure, test, "undecided", float(gap.mean()), lo, hi, n=len(gap))
-    row.p, row.kind, row.margin = inf.t_noninferior(gap, margin), "noninferiority", margin
+    row.p, row.kind, row.margin = inf.t_noninferior(gap, LINE_MARGIN), "noninferiority", LINE_MARGIN
     row.per_item = gap
     row.evidence = (
-        f"distance to Dense: {repaired} {scaled(far[repaired].mean(), measure)}, token-matched Dense "
-        f"{scaled(far[matched].mean(), measure)}; full repair (rho = 1) is token-matched Dense by construction "
+        f"{MEASURES.get(measure, measure)}: {repaired} {100 * table[repaired].mean():.1f}%, token-matched "
+        f"Dense {100 * table[matched].mean():.1f}%; {beside(items, matched, repaired)}; read at the grid's "
+        "budget only (no run at rho 0.4); full repair (rho = 1) is token-matched Dense by construction "
         "(the identity `bcr verify` checks)"
     )
     return row
 
 
-def approximation_recovered_claim(items, dense, matched, kvcomm, repaired, measure) -> Verdict:
-    """The share of the approximation term BCR recovers, with its interval; tested by BCR vs KVComm."""
-    far = distance(items, measure, dense, matched, kvcomm, repaired)
-    recovered, term = far[kvcomm] - far[repaired], far[kvcomm] - far[matched]
-    test = f"(BCR - KVComm) / (token-matched Dense - KVComm), bootstrap over items; p: {repaired} vs KVComm, sign-flip"
-    row = mean_claim("repair recovers part of the approximation term", PAPER, measure, test, recovered)
+def recovered_text(items, matched, kvcomm, repaired, measure="correct") -> str:
+    """The share of the approximation term `repaired` recovers, with its bootstrap interval (description)."""
+    y = paired(items, measure, matched, kvcomm, repaired).astype(float)
+    recovered, term = y[repaired] - y[kvcomm], y[matched] - y[kvcomm]
     share, lo, hi = share_ci(recovered.to_numpy(), term.to_numpy())
-    row.evidence = f"recovered {scaled(recovered.mean(), measure)} of {scaled(term.mean(), measure)}"
-    row.effect, row.ci_lo, row.ci_hi, row.measure = share, lo, hi, "share"
-    row.parts = pd.DataFrame({"numerator": recovered, "denominator": term})
-    row.evidence += f"; on {measure}"
-    return row
+    return (
+        f"recovers {scaled(recovered.mean(), measure)} of the {scaled(term.mean(), measure)} approximation term: "
+        f"{100 * share:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] of the approximation term"
+    )
 
 
 def identity_check(items, calls, dense, matched, measure) -> Verdict:

@@ -6,13 +6,20 @@ reads on each model (a binary outcome's difference, the draft's gain over the se
 residual off the line, ...), their difference per item, its mean with a bootstrap 95% interval and a
 sign-flip p; for a share (a ratio of two per-item means) the difference of the two models' shares,
 bootstrapped over items drawn once for both models, its p the doubled smaller tail of the draws at 0.
-Holm over the transfer table. A claim
+Beside it, an equivalence test of the same difference: TOST within ±`TRANSFER_MARGIN` of the row's
+measure (one-sided t-tests on per-item values; for a share, the bootstrap draws). Holm over the
+transfer table, for each of the two tests. A claim
 
-- transfers ("yes") where both verdicts decide the same way (both hold, or neither holds) and the
-  difference test does not reject;
-- is "not decided" where either side is undecided;
-- does not transfer ("no") where the verdicts decide differently or the effects differ;
+- transfers ("yes") where the two models' effects are equivalent within the margin (Holm TOST p
+  below alpha), whatever the verdicts' labels;
+- does not transfer ("no") where the difference test rejects (Holm);
+- is "not decided" otherwise (including two labels that differ on effects no test tells apart);
 - stays "open" while a model has not measured it.
+
+An exactness check (a deterministic identity, no sampling) transfers where both models give the same
+result. Without a difference test (`test_difference=False`, the arena's per-item KL on two models' own
+scales) nothing is tested across models: the column says only whether the two verdicts are the same
+("same verdict").
 """
 
 from __future__ import annotations
@@ -25,10 +32,14 @@ from bcr_core.analysis.precision import RESAMPLES, exact
 
 NOT_TESTED = "not measured"
 DECIDED = {"holds", "does not hold"}
+# The equivalence margin of a transfer, on the measure both models' rows read (the lab's null-claim
+# margin on points; a tenth of the gap on a share). KL has none: its scale is each model's own.
+TRANSFER_MARGIN = {"correct": 0.03, "agrees_dense": 0.03, "gap share": 0.03, "share": 0.10}
 
 
-def difference(first: pd.Series, second: pd.Series) -> dict:
-    """The per-item difference first - second on the items both hold: mean, 95% CI, sign-flip p."""
+def difference(first: pd.Series, second: pd.Series, margin: float | None = None) -> dict:
+    """The per-item difference first - second on the items both hold: mean, 95% CI, sign-flip p, and
+    given a `margin` the TOST p of equivalence within it (one-sided t-tests)."""
     both = first.index.intersection(second.index)
     d = (first.loc[both] - second.loc[both]).to_numpy(float)
     if d.size == 0:
@@ -43,11 +54,15 @@ def difference(first: pd.Series, second: pd.Series) -> dict:
         "diff_p": p,
         "diff_n": int(d.size),
         "diff_r": resamples,
+        "tost_p": None if margin is None else inf.t_tost(d, margin),
     }
 
 
-def share_difference(first: pd.DataFrame, second: pd.DataFrame, resamples: int = 5_000, seed: int = 0) -> dict:
-    """The difference of two models' shares (numerator mean / denominator mean), paired by item."""
+def share_difference(
+    first: pd.DataFrame, second: pd.DataFrame, margin: float | None = None, resamples: int = 5_000, seed: int = 0
+) -> dict:
+    """The difference of two models' shares (numerator mean / denominator mean), paired by item, and
+    given a `margin` the TOST p of equivalence within it from the same bootstrap draws."""
     both = first.index.intersection(second.index)
     a, b = first.loc[both].to_numpy(float), second.loc[both].to_numpy(float)
     if len(both) == 0:
@@ -72,17 +87,24 @@ def share_difference(first: pd.DataFrame, second: pd.DataFrame, resamples: int =
         "diff_p": float(p),
         "diff_n": len(both),
         "share": True,
+        "tost_p": None if margin is None else inf.bootstrap_tost(draws, margin),
     }
 
 
-def reading(verdicts: list[str], rejects: bool | None) -> str:
+def reading(verdicts: list[str], differs: bool, equivalent: bool) -> str:
     if NOT_TESTED in verdicts:
         return "open"
-    if "undecided" in verdicts:
-        return "not decided"
-    if len(set(verdicts)) > 1:
-        return "no"
-    return "no: the effects differ" if rejects else "yes"
+    return "no" if differs else "yes" if equivalent else "not decided"
+
+
+def same_verdict(verdicts: list[str]) -> str:
+    if NOT_TESTED in verdicts:
+        return "open"
+    return "yes" if len(set(verdicts)) == 1 else "no"
+
+
+def held(p) -> bool:
+    return p is not None and not pd.isna(p) and p < inf.ALPHA
 
 
 def transfer(tables: dict[str, pd.DataFrame], test_difference: bool = True) -> pd.DataFrame:
@@ -99,23 +121,34 @@ def transfer(tables: dict[str, pd.DataFrame], test_difference: bool = True) -> p
             row[f"{model}: verdict"] = NOT_TESTED if mine is None else mine.verdict
             for field in ("measure", "effect", "ci_lo", "ci_hi", "n"):
                 row[f"{model}: {field}"] = None if mine is None else getattr(mine, field)
+        measures = {row[f"{m}: measure"] for m in models} - {None}
+        kinds = {getattr(mine, "kind", None) for mine in mine_rows(tables, claim)}
+        row["exact"] = "exact" in kinds  # a deterministic check: the same result or not, no test
+        row["margin"] = TRANSFER_MARGIN.get(measures.pop()) if len(measures) == 1 and not row["exact"] else None
         values = [tables[m].attrs.get("per_item", {}).get(claim) for m in models[:2]]
         parts = [tables[m].attrs.get("parts", {}).get(claim) for m in models[:2]]
         if not test_difference or len(models) < 2:
             pass
         elif all(v is not None for v in parts):
-            row |= share_difference(*parts)
+            row |= share_difference(*parts, margin=row["margin"])
         elif all(v is not None for v in values):
-            row |= difference(*values)
+            row |= difference(*values, margin=row["margin"])
         rows.append(row)
     out = pd.DataFrame(rows)
-    if "diff_p" not in out:
-        out["diff_p"] = None
-    out["diff_p_holm"] = inf.holm([None if pd.isna(p) else p for p in out["diff_p"]])
+    labels = [[r[f"{m}: verdict"] for m in models] for _, r in out.iterrows()]
+    if not test_difference:
+        out["same verdict"] = [same_verdict(v) for v in labels]
+        return out
+    for column in ("diff_p", "tost_p"):
+        if column not in out:
+            out[column] = None
+        out[f"{column}_holm"] = inf.holm([None if pd.isna(p) else p for p in out[column]])
     out["transfers"] = [
-        reading(
-            [r[f"{m}: verdict"] for m in models], None if pd.isna(r["diff_p_holm"]) else r["diff_p_holm"] < inf.ALPHA
-        )
-        for _, r in out.iterrows()
+        same_verdict(v) if r["exact"] else reading(v, held(r["diff_p_holm"]), held(r["tost_p_holm"]))
+        for v, (_, r) in zip(labels, out.iterrows())
     ]
     return out
+
+
+def mine_rows(tables: dict[str, pd.DataFrame], claim: str) -> list:
+    return [row for table in tables.values() for row in table[table["claim"] == claim].itertuples()]

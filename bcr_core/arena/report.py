@@ -21,7 +21,8 @@ from bcr_core.errors import UsageError
 from bcr_core.record_files import read_calls
 
 
-def selector_markdown(frame: pd.DataFrame) -> str:
+def selector_markdown(frame: pd.DataFrame, bound: str = "") -> str:
+    """The selector table at BCR-chunk's count; `bound` says, under it, what the ceiling's shares bound."""
     table = measures.selector_table(frame)
     held = table.set_index("selector")["items"].get(measures.OURS, 0)
     reference = measures.find_ceiling(table["selector"])
@@ -29,7 +30,7 @@ def selector_markdown(frame: pd.DataFrame) -> str:
     if reference is None:  # a field without a ceiling (a confirmation run): no share to read
         share_head = "share of a ceiling's gain (no ceiling in this run)"
     elif measures.is_searched(reference):
-        share_head = "share of the searched ceiling's gain [95% CI]"
+        share_head = "share of the best-found set's gain (an upper bound) [95% CI]"
     else:
         share_head = f"gain as a share of `{reference}`'s [95% CI]"
     lines = [
@@ -54,9 +55,23 @@ def selector_markdown(frame: pd.DataFrame) -> str:
             f"{r.rows_wasted_per_call:.1f} | {r.passes:.1f} | {r.ms_per_call:.0f} |"
         )
     alone = same_items_line(frame) if held else ""
-    if alone:
-        lines += ["", alone]
-    return "\n".join(lines)
+    return "\n".join(lines + [line for text in (bound, alone) if text for line in ("", text)])
+
+
+def bound_line(calls: list[dict]) -> str:
+    """What the searched ceiling is and why its shares are upper bounds: the best set found over the chunk
+    layout's sets and the selectors' own, exhaustive on some paired calls, and on the others a local
+    search that may stop at its cap."""
+    cost = ceiling.search_cost(calls)
+    paired = cost[cost["budget"] == PAIRED].iloc[0]
+    capped = "" if pd.isna(paired.local_optimum) else f"{100 * (1 - paired.local_optimum):.0f}%"
+    return (
+        "The ceiling is the best set found at BCR-chunk's count over the chunk layout's sets and the selectors' "
+        f"own, not an optimum: the chunk layout searched exhaustively on {100 * paired.exhaustive:.0f}% of the "
+        f"paired calls and locally on {100 * paired.local:.0f}%, of which {capped or 'none'} stopped at the "
+        "evaluation cap rather than at a local optimum; row-level sets outside the chunk layout are not searched. "
+        "A better ceiling can only widen the gain, so every share against it is an upper bound."
+    )
 
 
 def held_phrase(frame: pd.DataFrame) -> str:
@@ -123,9 +138,10 @@ def ceiling_markdown(calls: list[dict]) -> str:
     reachable it reaches, what its sets are made of beside every selector's, and their overlap."""
     cost = ceiling.search_cost(calls)
     lines = [
-        "The searched ceiling per budget: calls searched exhaustively (the true optimum over the chunk layout's "
-        "sets at that count, where they number at most the cap) or locally (a search's best, never worse than "
-        "the best selector's set), evaluations and seconds per call:",
+        "The searched ceiling (the chunk layout's best-found set) per budget: calls searched exhaustively (the "
+        "true optimum over the chunk layout's sets at that count, where they number at most the cap) or locally "
+        "(a search's best, never worse than the best selector's set; stopped at a local optimum or at the cap), "
+        "evaluations and seconds per call:",
         "",
         "| budget | calls | exhaustive % | local % | local searches at a local optimum % | sets in the space "
         "(median) | evaluations / call | s / call |",
@@ -173,15 +189,16 @@ def ceiling_markdown(calls: list[dict]) -> str:
 
 def markdown(folder) -> str:
     frame = measures.read_arena(folder)
-    parts = [selector_markdown(frame), frontier_markdown(frame), verdict_markdown(frame)]
-    if frame["selector"].map(measures.is_searched).any():
-        parts.insert(2, ceiling_markdown(read_calls(Path(folder) / "calls.jsonl")))
+    searched = frame["selector"].map(measures.is_searched).any()
+    calls = read_calls(Path(folder) / "calls.jsonl") if searched else []
+    parts = [selector_markdown(frame, bound_line(calls) if searched else ""), frontier_markdown(frame)]
+    parts += [ceiling_markdown(calls) if searched else "", verdict_markdown(frame)]
     return "\n\n".join(p for p in parts if p)
 
 
 def transfer_table(folders) -> pd.DataFrame:
-    """Every arena verdict on each folder's model side by side, and whether it transfers (same
-    verdict on every model); the folders' models must differ."""
+    """Every arena verdict on each folder's model side by side, and whether the verdicts are the same
+    (no test across models); the folders' models must differ."""
     verdicts = {model_of(f): measures.verdicts(measures.read_arena(f)) for f in folders}
     if len(verdicts) < len(folders):
         raise UsageError("two arena folders hold the same model: a transfer table compares models")
