@@ -1,9 +1,9 @@
 """The serving path's decode and draft steps: fixed-shape functions over a preallocated static cache.
 
 A served cache is copied once into a `Slab`: key/value buffers with room for every layer's rows up to a
-bucketed capacity (`capacity`), the position each buffer row holds (`row_positions`, a sentinel
-past any position where a row is still empty), and the rows the next step writes (`write_rows`). A step
-(`step`) feeds tokens at explicit positions, writes their keys/values into those rows, and attends over
+bucketed capacity (`capacity`), and the position each buffer row holds (`row_positions`, a sentinel
+past any position where a row is still empty). A step (`step`) feeds tokens at explicit positions,
+writes their keys/values into the slab's next rows (`write_rows`), and attends over
 the whole buffer through a mask that hides empty and later rows: its shapes depend only on the
 capacity and the number of tokens fed, never on how full the slab is (gpt-fast's `KVCache`, vLLM's
 batch buckets).

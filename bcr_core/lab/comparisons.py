@@ -58,8 +58,9 @@ class Comparison(settings_record("ComparisonFields", leave_out=NOT_COMPARED)):
             parts.append("pinned-" + safe_name(self.pinned))
         if self.model != "default":
             parts.append(safe_name(self.model))
-        if served_dtype(self.dtype, self.model) != "float32":
-            parts.append(served_dtype(self.dtype, self.model))
+        dtype = served_dtype(self.dtype, self.model)
+        if dtype != "float32":
+            parts.append(dtype)
         if self.prompt != DEFAULT_PROMPT:
             parts.append(f"prompt-{self.prompt}")
         if self.stop != DEFAULT_RULE:
