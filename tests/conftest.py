@@ -4,6 +4,9 @@ family (`tiny_family_config`), and, for a few tests, the real models (the embedd
 
 from __future__ import annotations
 
+import bcr_core  # noqa: F401  before torch: the lab's thread policy reaches libgomp only so (bcr_core.threads)
+
+# isort: split
 import math
 import os
 
@@ -13,8 +16,7 @@ from transformers import AutoConfig, LlamaConfig
 
 from bcr_core.engine.backbone import Backbone
 
-# Two threads on the 2-core machines, unless OMP_NUM_THREADS says fewer: two torch processes on two cores
-# must each run one thread, or both slow down about 40x.
+# Two threads on the 2-core machines, unless OMP_NUM_THREADS says fewer.
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
 

@@ -18,6 +18,7 @@ from bcr_core.runs.grid_folder import check_folders, items_done, lock_holder
 from bcr_core.runs.grid_task import run_grid_cell
 
 LOCAL = "local"  # `--ray` without an address: start a Ray instance for this run
+THREAD_SETTINGS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # passed to every task
 
 
 RAY_VERSION = "2.60.0"  # the version tested (pyproject's `cluster` extra)
@@ -35,9 +36,10 @@ def import_ray():
 
 
 def connect(ray, address: str, quiet: bool) -> None:
-    """Start a local Ray instance (address LOCAL) or join a cluster. OMP_NUM_THREADS, where set,
-    reaches the workers: torch in a task then uses as many threads as the driver was told to."""
-    env = {key: os.environ[key] for key in ("OMP_NUM_THREADS",) if key in os.environ}
+    """Start a local Ray instance (address LOCAL) or join a cluster. The driver's thread settings reach
+    the workers: OMP_NUM_THREADS where set (torch in a task uses as many threads as the driver was
+    told to), and how idle threads wait (`bcr_core.threads`), even on a worker that loads torch first."""
+    env = {key: os.environ[key] for key in THREAD_SETTINGS if key in os.environ}
     options = dict(runtime_env={"env_vars": env} if env else None, log_to_driver=not quiet)
     if address == LOCAL:
         start_local(ray, **options)
