@@ -143,7 +143,7 @@ def test_the_gap_decomposition_on_a_table_where_it_is_known():
     assert "approximation term 30.0 pts" in row.evidence and "tokenization share of the gap 40%" in row.evidence
     approximation = tax.approximation_claim(items, "token-matched-dense", "kvcomm", "correct")
     assert approximation.effect == pytest.approx(0.30) and approximation.p == pytest.approx(exact_p(30, 0))
-    untouched = protocol.decide(tax.untouched_claim(items, "token-matched-dense", "bcr", "correct") | holm_alone)
+    untouched = protocol.decide(tax.untouched_claim(items, "token-matched-dense", ["bcr"], "correct") | holm_alone)
     assert untouched.effect == pytest.approx(0.20) and untouched.margin == pytest.approx(0.016)
     assert untouched.verdict == "holds"
     text = tax.recovered_text(items, "token-matched-dense", "kvcomm", "bcr", "correct")
@@ -152,7 +152,7 @@ def test_the_gap_decomposition_on_a_table_where_it_is_known():
     assert recovery.effect == pytest.approx(0.2) and recovery.null == 0.5
     assert protocol.decide(recovery | holm_alone).verdict == "does not hold"  # a fifth, not most
     touched = nested(200, dense=200, token_matched_dense=160, kvcomm=100, bcr=200)  # repair past the tax
-    over = protocol.decide(tax.untouched_claim(touched, "token-matched-dense", "bcr", "correct") | holm_alone)
+    over = protocol.decide(tax.untouched_claim(touched, "token-matched-dense", ["bcr"], "correct") | holm_alone)
     assert over.effect == pytest.approx(-0.20) and over.verdict == "does not hold"
 
 
@@ -321,7 +321,7 @@ def test_the_committed_results_give_the_committed_verdicts():
     grid = claims_grid.ClaimsGrid()
     tables = claims_report.compute(root, grid)
     table = tables["grid_table"]
-    assert len(table) == len(grid.main() + grid.matched()) and table["n"].nunique() == 1 and table["n"].iloc[0] == 200
+    assert len(table) == len(grid.main() + grid.matched() + grid.budgets()) and table["n"].nunique() == 1 and table["n"].iloc[0] == 200
     predicted = table[table["condition"].str.contains("rank=predicted")]
     assert (predicted["rows_wasted_per_call"] == 0).all() and (predicted["rows_per_reuse_call"] > 0).all()
     shown_in = (CHECKOUT / "docs" / "results.md").read_text()

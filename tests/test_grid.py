@@ -310,3 +310,20 @@ def test_a_bug_under_ray_start_keeps_its_traceback(error):
     assert ray.starts == 1  # not retried, not turned into a message
     with pytest.raises(type(error)):
         grid_ray.connect(FakeRay(error), "HOST:1", quiet=True)
+
+
+@pytest.mark.parametrize("name, folder", [("smollm2-135m", "claims"), ("gemma-3-270m", "claims-gemma-3-270m-bos")])
+def test_a_models_claims_grid_file_is_the_recipe_of_its_committed_folders(name, folder):
+    """The README regenerates each model's committed claims folder from one grid file: every committed
+    run folder is a cell of it, with the very settings its cell.json records, and every cell is committed."""
+    import json
+
+    from bcr_core.runs.cell import Cell
+
+    root = Path(bcr_core.__file__).parent.parent
+    cells = {g.name: g.cell for g in read_grid(root / "grids" / f"{name}.toml")}
+    committed = {
+        path.parent.name: Cell.from_record(json.loads(path.read_text()))
+        for path in (root / "results" / folder).glob("*/cell.json")
+    }
+    assert committed == cells

@@ -63,6 +63,13 @@ def coin_seeds(condition: str, conditions: list[str], match: str = "none") -> li
     return out
 
 
+def budgets_of(conditions: list[str], repair: str) -> list[str]:
+    """`repair` and every recorded condition that runs the same repair at another budget, by budget."""
+    name, _, options = parse(repair).settings
+    same = [c for c in conditions if parse(c).settings[::2] == (name, options)]
+    return sorted(same, key=lambda c: parse(c).settings[1])
+
+
 def row_matched(condition: str, bcr: str, conditions: list[str]) -> str | None:
     """The recorded twin of `condition` that recomputes exactly `bcr`'s rows on each call."""
     name, value, options = parse(condition).settings
@@ -220,7 +227,7 @@ def verdicts(
         rows.append(tax.approximation_claim(items, matched, kvcomm, measure))
         rows.append(tax.tax_claim(items, dense, matched, kvcomm, measure))
         if have(bcr):
-            rows.append(tax.untouched_claim(items, matched, bcr, measure))
+            rows.append(tax.untouched_claim(items, matched, budgets_of(conditions, bcr), measure))
     if have(bcr, kvcomm):
         row = pair_claim(
             items, calls, "BCR-chunk beats KVComm", "§4.3, Tables 3 and 5a", measure, bcr, kvcomm, "BCR-chunk vs KVComm"

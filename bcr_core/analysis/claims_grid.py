@@ -67,6 +67,7 @@ class ClaimsGrid:
     theta: float = 0.5
     item_seed: int = 0
     gate_n: int = 100  # items of the gate sweep (its own Dense and KVComm arms included)
+    rhos: tuple[float, ...] = (0.4,)  # BCR-chunk's other budgets: repair cannot touch the tax "whatever its budget"
     segment_tokens: int = 1280  # the unit curve's segment: at budget 0.2, 256 rows = whole units of 1-256
     unit_prompts: int = 12  # documents the unit curve predicts, each from the others' anchors
 
@@ -106,6 +107,10 @@ class ClaimsGrid:
             *coins("coin-single"),
             self.cacheblend,
         ]
+
+    def budgets(self) -> list[str]:
+        """BCR-chunk at the grid's other budgets, on the same items (its own run)."""
+        return [self.label(f"bcr-chunk@{rho:g}") for rho in self.rhos]
 
     def gate(self) -> list[str]:
         return [f"kvcomm@{g:g}" for g in self.gammas] + [f"opengate@{self.theta:g}"]

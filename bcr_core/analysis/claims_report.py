@@ -69,7 +69,7 @@ def compute(
 def recorded(items: pd.DataFrame, grid: claims_grid.ClaimsGrid) -> list[str]:
     """The grid's conditions this folder recorded (a grid still running, or run in part, has fewer)."""
     labels = list(dict.fromkeys(items["condition"]))
-    return [c for c in grid.main() + grid.matched() if claims.find(labels, c) in labels]
+    return [c for c in grid.main() + grid.matched() + grid.budgets() if claims.find(labels, c) in labels]
 
 
 def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:

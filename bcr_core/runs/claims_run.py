@@ -40,6 +40,8 @@ def run_fresh(bb, grid: ClaimsGrid, out, unit_config=None, batch: int = 8, progr
     main, matched = (claims_cell(grid, c, fidelity=True, dtype=dtype) for c in (grid.main(), grid.matched()))
     run_cell(bb, main, out / "main", progress=progress, batch=batch)
     run_cell(bb, matched, out / "matched", progress=progress, batch=batch)
+    budgets = claims_cell(grid, grid.budgets(), fidelity=True, dtype=dtype)
+    run_cell(bb, budgets, out / "budgets", progress=progress, batch=batch)
     gate = claims_cell(grid, grid.gate_run(), fidelity=False, n=min(grid.gate_n, grid.n), dtype=dtype)
     run_cell(bb, gate, out / GATE, progress=progress, batch=batch)
     curve_path = out / "unit_curve.csv"
