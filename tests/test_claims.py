@@ -321,7 +321,8 @@ def test_the_committed_results_give_the_committed_verdicts():
     grid = claims_grid.ClaimsGrid()
     tables = claims_report.compute(root, grid)
     table = tables["grid_table"]
-    assert len(table) == len(grid.main() + grid.matched() + grid.budgets()) and table["n"].nunique() == 1 and table["n"].iloc[0] == 200
+    assert len(table) == len(grid.main() + grid.matched() + grid.budgets())
+    assert table["n"].nunique() == 1 and table["n"].iloc[0] == 200
     predicted = table[table["condition"].str.contains("rank=predicted")]
     assert (predicted["rows_wasted_per_call"] == 0).all() and (predicted["rows_per_reuse_call"] > 0).all()
     shown_in = (CHECKOUT / "docs" / "results.md").read_text()

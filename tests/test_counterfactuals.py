@@ -136,9 +136,9 @@ def test_the_level_claims_take_their_margins_from_the_paper():
 
 
 def test_cannot_touch_the_tax_is_read_at_every_budget_measured():
-    """"Whatever its budget" (§4.3, App. F): with the repair also recorded at rho 0.4 the claim holds
-    only where it holds at both budgets. Below token-matched Dense at both: holds; level with it at
-    rho 0.2 but 4 points past it at rho 0.4: does not hold, read on rho 0.4."""
+    """Repair cannot touch the tax "whatever its budget" (§4.3, App. F): with the repair also recorded
+    at rho 0.4 it holds only where it holds at both budgets. Below token-matched Dense at both: holds;
+    below it at rho 0.2 but 4 points past it at rho 0.4: does not hold, read on rho 0.4."""
     claim, rho_04 = "repair cannot touch the tokenization tax", "bcr-chunk@0.4:chunk=16"
     below = family(**{rho_04: 1350}).loc[claim]
     assert below["verdict"] == "holds" and f"{rho_04}: +0.5 pts" in below["evidence"]
