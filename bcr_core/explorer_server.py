@@ -20,6 +20,7 @@ many kernels are in use, how many preheated ones are free and how many more may 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import sys
@@ -157,6 +158,14 @@ class Ready(tornado.web.RequestHandler):
         self.set_status(204)
 
 
+class QuietAboutTrust(logging.Filter):
+    """Voila runs the lab's own notebook whether or not it is signed: the warning that it is not trusted
+    is nothing the instructor or a participant can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is not trusted" not in record.getMessage()
+
+
 class RoomVoila(Voila):
     listen_fd = Integer(-1, config=True, help="a listening socket to serve on, bound by `bcr explore`")
     ready_path = Unicode("", config=True, help="a path answered at once, for `bcr explore` to see it serves")
@@ -164,6 +173,7 @@ class RoomVoila(Voila):
 
     def init_settings(self):
         voila.app.voila_kernel_manager_factory = voila_kernel_manager_factory  # the room's kernel manager
+        self.log.addFilter(QuietAboutTrust())
         return super().init_settings()
 
     def init_handlers(self):

@@ -197,6 +197,12 @@ def server_errors(log: str) -> list[str]:
     return [b for b in blocks if "WebSocketClosedError" not in b and "StreamClosedError" not in b]
 
 
+def server_warnings(log: str) -> list[str]:
+    """The warnings in a server's log: Python's (`DeprecationWarning: ...`) and the servers' and kernels'
+    (`[RoomVoila] WARNING | ...`, `[IPKernelApp] WARNING | ...`)."""
+    return [line for line in log.splitlines() if "WARNING" in line or "Warning:" in line]
+
+
 def run_all(page, tries: int = 3) -> None:
     """Run > Run All Cells, until a cell has started (a prompt shows [*] or a count): a Run All
     that lands while the kernel is still connecting runs nothing, whatever the status bar says."""
@@ -247,7 +253,8 @@ def report_line(name: str, report: dict, capsys) -> None:
 @contextlib.contextmanager
 def voila_page(prepared, tmp_path):
     """A Chromium page beside a fresh Voila server of the prepared notebook: yields (page, its console
-    errors, Chromium's version, the app's URL); afterwards, the server's log holds no traceback."""
+    errors, Chromium's version, the app's URL); afterwards, the server's log (the instructor's console)
+    holds no traceback and no warning."""
     port = app.free_port()
     with open(tmp_path / "voila.log", "w") as log:
         server = app.start(prepared.notebook, port, log)
@@ -260,6 +267,7 @@ def voila_page(prepared, tmp_path):
         finally:
             app.stop(server)
     assert server_errors((tmp_path / "voila.log").read_text()) == []
+    assert server_warnings((tmp_path / "voila.log").read_text()) == []
 
 
 def test_voila_app_highlights_the_selection(explorer_setup, tmp_path, capsys):

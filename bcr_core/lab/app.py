@@ -278,7 +278,8 @@ def voila_command(
         "--VoilaConfiguration.strip_sources=True",
         "--VoilaConfiguration.show_tracebacks=True",
         "--template=bcr",
-        f"--VoilaConfiguration.extension_denylist={DENIED_EXTENSIONS!r}",
+        *(f"--VoilaConfiguration.extension_denylist={name}" for name in DENIED_EXTENSIONS),
+        "--KernelManager.transport=ipc",  # kernels on this machine: Unix sockets, not unencrypted TCP
     ]
     if participants:
         command += [
