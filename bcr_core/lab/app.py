@@ -279,7 +279,6 @@ def voila_command(
         "--VoilaConfiguration.show_tracebacks=True",
         "--template=bcr",
         *(f"--VoilaConfiguration.extension_denylist={name}" for name in DENIED_EXTENSIONS),
-        "--KernelManager.transport=ipc",  # kernels on this machine: Unix sockets, not unencrypted TCP
     ]
     if participants:
         command += [
