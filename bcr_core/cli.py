@@ -18,6 +18,7 @@ from bcr_core import paper
 from bcr_core.commands import (
     REPORTS,
     cmd_arena,
+    cmd_arena_deepen,
     cmd_arena_merge,
     cmd_calibrate,
     cmd_demo,
@@ -182,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(merge)
     merge.set_defaults(run=cmd_arena_merge)
 
+    deepen = sub.add_parser(
+        "arena-deepen",
+        help="continue an arena run's searches that stopped at their evaluation cap, into a new run folder",
+    )
+    deepen.add_argument("source", type=Path, metavar="RUN", help="a finished `bcr arena` folder (its model and dtype)")
+    deepen.add_argument("--out", type=Path, required=True, help="the deepened run folder; rerunning resumes it")
+    deepen.add_argument(
+        "--evals", type=int, default=1000, help="the searches' new cap, evaluations per call and budget in all"
+    )
+    deepen.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+    deepen.set_defaults(run=cmd_arena_deepen)
+
     calibrate = sub.add_parser(
         "calibrate",
         help="choose a model's prompt and stop rule before a grid: Dense's pipeline under each candidate, on "
@@ -302,7 +315,7 @@ def add_records_commands(sub) -> None:
     report.set_defaults(run=cmd_report)
 
 
-RESUMED = {"run", "grid", "arena", "calibrate", "notebooks"}  # what keeps its finished work on disk
+RESUMED = {"run", "grid", "arena", "arena-deepen", "calibrate", "notebooks"}  # what keeps its finished work on disk
 
 
 def main(argv: list[str] | None = None) -> int:

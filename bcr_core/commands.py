@@ -134,6 +134,17 @@ def cmd_arena_merge(args) -> int:
     return 0
 
 
+def cmd_arena_deepen(args) -> int:
+    from bcr_core.arena.ceiling import search_cost
+    from bcr_core.arena.deepen import deepen, deepened_cell
+    from bcr_core.engine.loading import load_backbone
+    from bcr_core.record_files import read_calls
+
+    cell = deepened_cell(args.source, args.evals)  # the cap checked before the model loads
+    deepen(load_backbone(cell.model, cell.dtype), args.source, args.out, args.evals)
+    return print_table(search_cost(read_calls(args.out / "calls.jsonl")), args, digits=3)
+
+
 def cmd_calibrate(args) -> int:
     from bcr_core.engine.loading import load_backbone
     from bcr_core.probes.calibration import GOAL, calibrate, choose

@@ -17,8 +17,8 @@ Per call and budget, one case (recorded with the evaluations spent and the secon
   unchosen rows in, t the smaller of the two, for every ordered pair of chunks of the grid (on a
   set of the space: swap a whole chunk, or move the cut); moves are tried best-voted first (a chunk's
   votes: the seeds' rows in it) in batches, the batch's best taken when it improves, until no move
-  improves (`local_optimum`) or `evals` evaluations are spent. Its best is a search's best, not an
-  optimum.
+  improves (`local_optimum`; not where the cap cut the last round short) or `evals` evaluations are
+  spent. Its best is a search's best, not an optimum.
 - `none`, at a count of 0 (a call its skip rule left unrepaired): the empty set.
 
 In both searching cases the seeds take part: the searched set is the best of everything measured,
@@ -95,6 +95,11 @@ def moves(rows: Rows, m: int, chunk: int) -> list[tuple[int, int, Rows]]:
     return out
 
 
+def chunk_votes(seeds, m: int, chunk: int) -> list[int]:
+    """Each chunk's votes: the seeds' rows in it (the local search tries best-voted moves first)."""
+    return [sum(sum(a <= j < b for j in s) for s in seeds) for a, b in grid(m, chunk)]
+
+
 def local_search(
     evaluate: Callable[[list[Rows]], list[float]],
     seen: dict[Rows, float],
@@ -121,8 +126,8 @@ def local_search(
             if seen[candidate] < seen[best]:
                 best, improved = candidate, True
                 break
-        if not improved:
-            return best, spent, True
+        if not improved:  # a local optimum only if the cap left no move of the last round untried
+            return best, spent, all(s in seen for s in pending)
 
 
 def search(
@@ -159,8 +164,7 @@ def search(
         if not seeds:
             raise ValueError(f"the local search at {rows} rows needs a selector's set of that many rows to start")
         start = min(seeds, key=lambda s: (seeds[s], s))
-        votes = [sum(sum(a <= j < b for j in s) for s in seeds) for a, b in grid(m, chunk)]
-        best, spent, local = local_search(evaluate, seen, start, m, chunk, votes, evals)
+        best, spent, local = local_search(evaluate, seen, start, m, chunk, chunk_votes(seeds, m, chunk), evals)
         info |= {"case": "local", "evaluations": spent, "local_optimum": local}
         info["from"] = "seed" if best == start else "search"
     return best, info | {"seconds": time.perf_counter() - started}

@@ -1,0 +1,143 @@
+"""`bcr arena-deepen` on a tiny random model: an arena run whose searches stop at a small cap,
+continued. Each continued search ends at a local optimum (every neighbour written out here and
+measured by hand leaves no less KL), never above the KL it stopped at; everything else is the
+source's record; records another model made are refused; a cut-short deepening resumes to the same
+records."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import pytest
+
+from bcr_core.arena import ceiling, search
+from bcr_core.arena.deepen import capped, deepen
+from bcr_core.arena.run import make_arena_cell, run_arena
+from bcr_core.cli import main
+from bcr_core.errors import UsageError
+from bcr_core.record_files import read_jsonl
+from tests.test_arena import IDS, M, assembled  # noqa: F401  (the shared fixture)
+from tests.test_arena_search import CHUNK, arena_call, dense, entry, kl_by_hand  # noqa: F401
+
+SHORT, LONG = "searched:cap=1,evals=2", "searched:cap=1,evals=400"
+
+
+def neighbours(rows: tuple[int, ...], m: int, chunk: int) -> set[tuple[int, ...]]:
+    """Written out: for every ordered pair of chunks, the donor's last t chosen rows out and the
+    receiver's first t unchosen rows in, t the fewer of the two."""
+    chunks = [range(s, min(s + chunk, m)) for s in range(0, m, chunk)]
+    out = set()
+    for donor in chunks:
+        for receiver in chunks:
+            give = [j for j in donor if j in rows]
+            room = [j for j in receiver if j not in rows]
+            t = min(len(give), len(room))
+            if donor != receiver and t:
+                out.add(tuple(sorted((set(rows) - set(give[len(give) - t :])) | set(room[:t]))))
+    return out
+
+
+def test_a_search_continued_from_where_its_cap_stopped_it_ends_at_a_local_optimum(tiny, assembled, dense):  # noqa: F811
+    _, kv = assembled
+    tokens, reference, dense_logits = dense
+    short = arena_call(tiny, kv, reference, f"draft,coin:seed=0,seams,{SHORT}", [0.3])
+    stopped, record = entry(short, "searched", "0.3"), short["search"][SHORT]["0.3"]
+    assert record["case"] == "local" and not record["local_optimum"]
+    start = tuple(search.rows_of(stopped["runs"]))
+    seeds = {tuple(search.rows_of(e["runs"])): e["kl"] for e in short["entries"] if e is not stopped}
+    seeds = {rows: kl for rows, kl in seeds.items() if len(rows) == len(start)}
+    measure = lambda sets: [kl_by_hand(tiny, tiny.repair(kv, IDS[:-1], list(s)), tokens, dense_logits) for s in sets]  # noqa: E731
+    seen = seeds | {start: stopped["kl"]}
+    best, spent, local = search.local_search(measure, seen, start, M, CHUNK, search.chunk_votes(seeds, M, CHUNK), 400)
+    assert local and 0 < spent < 400
+    assert seen[best] <= stopped["kl"] + 1e-12
+    around = neighbours(best, M, CHUNK)
+    assert around and min(measure(sorted(around))) >= seen[best] - 1e-7  # no move improves: a local optimum
+
+
+@pytest.fixture(scope="module")
+def deepened(tiny_chat, tmp_path_factory):
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("deepened")
+    cell = make_arena_cell(
+        3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, rhos=(0.3,), selectors=f"draft,seams,{SHORT}"
+    )
+    run_arena(tiny_chat, cell, source, progress=False)
+    continued = deepen(tiny_chat, source, out, 400, progress=False)
+    return source, out, continued
+
+
+def arena_calls(folder):
+    return [c for c in read_jsonl(folder / "calls.jsonl") if "arena" in c]
+
+
+def test_every_capped_search_is_continued_to_a_local_optimum_and_never_ends_above_its_start(deepened):
+    source, out, continued = deepened
+    before, after = arena_calls(source), arena_calls(out)
+    stopped = sum(len(capped(c)) for c in before)
+    assert stopped > 0 and continued == stopped
+    assert json.loads((out / "cell.json").read_text())["selectors"][-1] == LONG
+    improved = 0
+    for old, new in zip(before, after, strict=True):
+        assert (old["item_id"], old["node"]) == (new["item_id"], new["node"])
+        for budget in capped(old):
+            record = new["arena"]["search"][LONG][budget]
+            assert record["local_optimum"] and record["deepened"]["evaluations"] > 0
+            assert (
+                record["evaluations"]
+                == old["arena"]["search"][SHORT][budget]["evaluations"] + record["deepened"]["evaluations"]
+            )
+        for e_old, e_new in zip(old["arena"]["entries"], new["arena"]["entries"], strict=True):
+            if e_old["selector"] == SHORT:
+                assert e_new["selector"] == LONG and e_new["rows"] == e_old["rows"]
+                assert e_new["kl"] <= e_old["kl"] + 1e-12
+                improved += e_new["kl"] < e_old["kl"] - 1e-9
+            else:
+                assert e_new == e_old  # every selector's own record is the source's
+    assert improved > 0
+    assert ceiling.violations(read_jsonl(out / "calls.jsonl")).empty
+    assert read_jsonl(out / "items.jsonl") == read_jsonl(source / "items.jsonl")
+
+
+def test_a_cut_short_deepening_resumes_to_the_same_records(tiny_chat, deepened, tmp_path):
+    source, out, _ = deepened
+    shutil.copytree(out, tmp_path / "out")
+    items = (tmp_path / "out" / "items.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "out" / "items.jsonl").write_text("".join(items[:-1]))  # the last item's line lost in a crash
+    deepen(tiny_chat, source, tmp_path / "out", 400, progress=False)
+    strip = lambda calls: [
+        {**c, "arena": {**c["arena"], "cost": None, "search": None}} if "arena" in c else c for c in calls
+    ]  # noqa: E731
+    timeless = lambda folder: [
+        {k: v for k, v in c.items() if not k.endswith("_s")} for c in strip(read_jsonl(folder / "calls.jsonl"))
+    ]
+    assert timeless(tmp_path / "out") == timeless(out)
+
+
+def test_records_another_model_made_are_refused_naming_the_call(tiny_chat, deepened, tmp_path):
+    source, _, _ = deepened
+    shutil.copytree(source, tmp_path / "source")
+    calls = read_jsonl(source / "calls.jsonl")
+    first = next(i for i, c in enumerate(calls) if capped(c))
+    budget = capped(calls[first])[0]
+    for e in calls[first]["arena"]["entries"]:
+        if e["selector"] == SHORT and e["budget"] == budget:
+            e["kl"] *= 1.1  # what this code and model do not measure
+    (tmp_path / "source" / "calls.jsonl").write_text("".join(json.dumps(c) + "\n" for c in calls))
+    with pytest.raises(
+        UsageError, match=f"item {calls[first]['item_id']}, call {calls[first]['node']}: .* budget {budget}"
+    ):
+        deepen(tiny_chat, tmp_path / "source", tmp_path / "out", 400, progress=False)
+
+
+def test_a_cap_not_above_the_runs_is_one_line_before_any_work(deepened, tmp_path, capsys):
+    source, _, _ = deepened
+    assert main(["arena-deepen", str(source), "--out", str(tmp_path / "x"), "--evals", "2"]) == 2
+    assert "--evals 2 is not above the run's cap of 2" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_committed_records_hold_the_searches_their_cap_stopped():
+    calls = [json.loads(line) for line in gzip.open("results/arena/calls.jsonl.gz", "rt")]
+    assert sum(len(capped(c)) for c in calls) == 912 + 29  # docs/results.md: the share the cap stopped
