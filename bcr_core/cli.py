@@ -84,16 +84,41 @@ class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bcr_core.data.benchmarks import NAMES as BENCHMARKS
-    from bcr_core.probes.verify import DEFAULT_PROMPT
-
+    """`bcr` and its subcommands, one `add_...` function each."""
     parser = argparse.ArgumentParser(prog="bcr", description="BCR lab: cross-context KV-cache reuse and its repair")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (
+        add_verify,
+        add_demo,
+        add_unit_curve,
+        add_ttft,
+        add_run,
+        add_arena,
+        add_arena_merge,
+        add_arena_deepen,
+        add_calibrate,
+        add_grid,
+        add_notebooks,
+        add_explore,
+        add_records_commands,
+    ):
+        add(sub)
+    for command in sub.choices.values():
+        command.formatter_class = DefaultsShown
+    return parser
+
+
+def add_verify(sub) -> None:
+    from bcr_core.probes.verify import DEFAULT_PROMPT
 
     verify = sub.add_parser("verify", help="exactness checks: full repair == Dense, RoPE re-rotation round trip")
     verify.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message to check on")
     add_common(verify)
     verify.set_defaults(run=cmd_verify)
+
+
+def add_demo(sub) -> None:
+    from bcr_core.probes.verify import DEFAULT_PROMPT
 
     demo = sub.add_parser("demo", help="Dense vs a reused cache, unrepaired and repaired at a few budgets")
     demo.add_argument(
@@ -102,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--new-tokens", type=int, default=48, help="tokens each answer generates")
     add_common(demo)
     demo.set_defaults(run=cmd_demo)
+
+
+def add_unit_curve(sub) -> None:
     curve = sub.add_parser("unit-curve", help="Table 8: informed vs random restoration by unit of choice")
     curve.add_argument("--segment-tokens", type=int, default=2048, help="length of the reused segment, in tokens")
     curve.add_argument("--budget", type=float, default=paper.RHO, help="share of the segment's rows restored (rho)")
@@ -112,12 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(curve)
     curve.set_defaults(run=cmd_unit_curve)
 
+
+def add_ttft(sub) -> None:
     ttft = sub.add_parser("ttft", help="Table 10: time to first token, Dense vs KVComm vs BCR-chunk (and its coin)")
     ttft.add_argument("--lengths", default="64,512,2048,4096", help="segment lengths in tokens")
     ttft.add_argument("--rho", default="0.05,0.1,0.2,0.3,0.4", help="repair budgets for BCR-chunk and coin-chunk")
     ttft.add_argument("--samples", type=int, default=3, help="timed requests per length (5 calls each)")
     add_common(ttft)
     ttft.set_defaults(run=cmd_ttft)
+
+
+def add_run(sub) -> None:
+    from bcr_core.data.benchmarks import NAMES as BENCHMARKS
 
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
     run.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="the task whose items are served")
@@ -149,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(run)
     run.set_defaults(run=cmd_run)
 
+
+def add_arena(sub) -> None:
+    from bcr_core.data.benchmarks import NAMES as BENCHMARKS
+
     arena = sub.add_parser("arena", help="every selector on the same assembled caches at the same rows, against Dense")
     arena.add_argument("--n", type=int, required=True, help="number of items (the first n)")
     arena.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
@@ -177,12 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(arena)
     arena.set_defaults(run=cmd_arena)
 
+
+def add_arena_merge(sub) -> None:
     merge = sub.add_parser("arena-merge", help="join the lanes of a split `bcr arena --shard` into one run folder")
     merge.add_argument("lanes", nargs="+", type=Path, metavar="LANE", help="the M lanes' --out folders")
     merge.add_argument("--out", type=Path, required=True, help="the joined run folder (rewritten on every merge)")
     add_common(merge)
     merge.set_defaults(run=cmd_arena_merge)
 
+
+def add_arena_deepen(sub) -> None:
     deepen = sub.add_parser(
         "arena-deepen",
         help="continue an arena run's searches that stopped at their evaluation cap, into a new run folder",
@@ -195,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     deepen.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
     deepen.set_defaults(run=cmd_arena_deepen)
 
+
+def add_calibrate(sub) -> None:
     calibrate = sub.add_parser(
         "calibrate",
         help="choose a model's prompt and stop rule before a grid: Dense's pipeline under each candidate, on "
@@ -210,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(calibrate)
     calibrate.set_defaults(run=cmd_calibrate)
 
+
+def add_grid(sub) -> None:
     grid = sub.add_parser("grid", help="many cells from a TOML file, in this process or on Ray; one combined table")
     grid.add_argument("file", type=Path, help="TOML: a [defaults] table of `bcr run` settings, one [cells.NAME] each")
     grid.add_argument("--out", type=Path, required=True, help="grid folder: each cell in OUT/NAME; rerunning resumes")
@@ -225,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(grid)
     grid.set_defaults(run=cmd_grid)
 
+
+def add_notebooks(sub) -> None:
     notebooks = sub.add_parser("notebooks", help="execute the notebooks headless: executed copies and HTML reports")
     notebooks.add_argument("--smoke", action="store_true", help="CI-sized runs: few items, short outputs")
     notebooks.add_argument("--out", type=Path, default=Path("reports"), help="folder for executed copies and HTML")
@@ -240,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(notebooks)
     notebooks.set_defaults(run=cmd_notebooks)
 
+
+def add_explore(sub) -> None:
     explore = sub.add_parser("explore", help="notebook 09, the attention explorer, as a local web app (Voila)")
     explore.add_argument("--port", type=int, default=8866, help="port to serve on")
     explore.add_argument(
@@ -283,10 +333,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(explore)
     explore.set_defaults(run=cmd_explore)
-    add_records_commands(sub)
-    for command in sub.choices.values():
-        command.formatter_class = DefaultsShown
-    return parser
 
 
 def add_records_commands(sub) -> None:

@@ -30,7 +30,7 @@ from bcr_core.setting_kinds import Float, Int, Str
 from bcr_core.spec_grammar import Option
 
 GATE = {"gamma": Option(Float(0.0, 1.0), KVCommConfig.gamma, "KVComm's entropy gate (Equation 2)")}
-SEED = {"seed": Option(Int(), 0, "the coin's stream")}
+SEED = {"seed": Option(Int(), 0, "the stream's seed")}
 REPAIR = {
     "chunk": Option(Int(1), LayoutConfig.chunk, "B: the chunk layout's unit and the skip rule's B (App. B)"),
     "skip": Option(
@@ -117,7 +117,24 @@ def split_conditions(text: str) -> list[str]:
 
 def expand_seeds(conditions: list[str], seeds: list[int] | None) -> list[str]:
     """Coin conditions without a seed run once per seed in `seeds`; everything else once."""
-    return spec_grammar.expand_seeds(conditions, seeds, lambda name: name.startswith("coin-"))
+    return spec_grammar.expand_seeds(conditions, seeds)
+
+
+def condition(name: str, value: float | None = None, **options) -> str:
+    """A condition's label from its parts, checked as `parse` checks a written one; options given as
+    None or at their defaults are left out (a coin's seed is kept), and KVComm's default gate too:
+    condition("bcr-chunk", 0.2, chunk=64) == "bcr-chunk@0.2"; condition("kvcomm", 0.3) == "kvcomm"."""
+    if name not in SPECS:
+        raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(SPECS))}")
+    if name == "kvcomm" and value == SPECS["kvcomm"].value:
+        value = None
+    return parse(spec_grammar.label(name, value, spec_grammar.shown(name, options, SPECS[name].options))).label
+
+
+def with_options(spec: str, **options) -> str:
+    """A condition's label with more options set (`with_options("bcr-chunk:chunk=16", rank="predicted")`)."""
+    c = parse(spec)
+    return parse(spec_grammar.label(c.name, c.value, c.options | options)).label
 
 
 def make_server(bb, spec: str | Condition):

@@ -5,7 +5,6 @@ per seed, and writing the label back."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from bcr_core.errors import UsageError
@@ -50,18 +49,30 @@ def read_options(spec: str, what: str, name: str, pairs: list[str], takes: dict[
     return options
 
 
-def expand_seeds(specs: list[str], seeds: list[int] | None, seeded: Callable[[str], bool]) -> list[str]:
-    """Every spec whose name `seeded` picks (a coin) and that names no seed, once per seed in `seeds`;
-    everything else once."""
+def is_coin(name: str) -> bool:
+    """Whether a condition or selector name is a coin (the arena's `coin`, the conditions' `coin-LAYOUT`):
+    the specs a seedless listing runs once per seed, and whose seed every label shows."""
+    return name == "coin" or name.startswith("coin-")
+
+
+def expand_seeds(specs: list[str], seeds: list[int] | None) -> list[str]:
+    """Every coin spec that names no seed, once per seed in `seeds`; everything else once."""
     if not seeds:
         return list(specs)
     out = []
     for spec in specs:
-        if seeded(split(spec)[0]) and "seed=" not in spec:
+        if is_coin(split(spec)[0]) and "seed=" not in spec:
             out += [f"{spec}{',' if ':' in spec else ':'}seed={s}" for s in seeds]
         else:
             out.append(spec)
     return out
+
+
+def shown(name: str, options: dict, takes: dict[str, Option]) -> dict:
+    """The options a label built from parts writes: those given and away from their defaults, and a
+    coin's seed always (its stream is part of its name)."""
+    keep = lambda k, v: v is not None and (k not in takes or v != takes[k].default or (k == "seed" and is_coin(name)))  # noqa: E731
+    return {k: v for k, v in options.items() if keep(k, v)}
 
 
 def label(name: str, value: float | None = None, options: dict | None = None) -> str:

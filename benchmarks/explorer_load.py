@@ -3,7 +3,7 @@
     python benchmarks/explorer_load.py [--counts 1,4,8] [--modes before,after] [--max-extra-gb 6] [--json]
 
 For each count N and mode, the app is served on the committed inspection (notebook 09's defaults) and
-N Chromium pages are opened 3 s apart, as a class arrives (`bcr_core.lab.room`): `before` serves it as plain
+N Chromium pages are opened 3 s apart, as a class arrives (`benchmarks/room.py`): `before` serves it as plain
 `bcr explore` does (each page's kernel starts, reads the inspection and draws when the page asks),
 `after` as `bcr explore --participants N` does (N kernels preheated, each with the notebook run and
 the model loaded for live decoding; the pages are opened once the pool has settled). Reported per
@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import room  # benchmarks/room.py, beside this script
 
-from bcr_core.lab import app, room
+from bcr_core.lab import app
 
 ARRIVALS_S = 3.0  # participants arrive this far apart (Voila's preheated pool loses pages landing at one instant)
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from bcr_core import lab
-from bcr_core.lab import app, room, saved_inspection
+from bcr_core.lab import app, saved_inspection
+from benchmarks import room
 
 pytest.importorskip("voila")
 playwright_api = pytest.importorskip("playwright.sync_api")

@@ -5,7 +5,7 @@ import pytest
 
 from bcr_core import spec_grammar
 from bcr_core.arena.registry import make_entries, parse_spec
-from bcr_core.conditions import expand_seeds, parse
+from bcr_core.conditions import condition, expand_seeds, parse, with_options
 from bcr_core.errors import UsageError
 from bcr_core.setting_kinds import Int, Str
 from bcr_core.spec_grammar import Option
@@ -51,18 +51,33 @@ def test_a_label_sorts_options_and_writes_floats_short():
 
 
 def test_a_seedless_coin_runs_once_per_seed_and_nothing_else_does():
-    coin = lambda name: name.startswith("coin-")
-    specs = ["coin-chunk", "coin-chunk:seed=4", "dense", "coin-single:chunk=8"]
-    assert spec_grammar.expand_seeds(specs, [0, 1], coin) == [
+    specs = ["coin-chunk", "coin-chunk:seed=4", "dense", "coin-single:chunk=8", "random-alloc", "coin"]
+    assert spec_grammar.expand_seeds(specs, [0, 1]) == [
         "coin-chunk:seed=0",
         "coin-chunk:seed=1",
         "coin-chunk:seed=4",
         "dense",
         "coin-single:chunk=8,seed=0",
         "coin-single:chunk=8,seed=1",
+        "random-alloc",  # a seeded stream, but no coin: one run unless its seed is written
+        "coin:seed=0",
+        "coin:seed=1",
     ]
-    assert spec_grammar.expand_seeds(specs, None, coin) == specs
-    assert spec_grammar.expand_seeds(specs, [], coin) == specs
+    assert spec_grammar.expand_seeds(specs, None) == specs
+    assert spec_grammar.expand_seeds(specs, []) == specs
+
+
+def test_a_label_built_from_parts_is_the_one_a_written_spec_reads_as():
+    """Conditions and selectors alike: options at their defaults left out, a coin's seed kept."""
+    assert condition("bcr-chunk", 0.2, chunk=64, rank="all") == "bcr-chunk@0.2"
+    assert condition("coin-chunk", 0.2, chunk=16, seed=0) == "coin-chunk@0.2:chunk=16,seed=0"
+    assert condition("random-alloc", 0.25, seed=0) == "random-alloc@0.25"
+    assert condition("kvcomm", 0.3) == "kvcomm" and condition("kvcomm", 0.5, gamma=None) == "kvcomm@0.5"
+    assert with_options("bcr-chunk:chunk=16", rank="predicted") == "bcr-chunk:chunk=16,rank=predicted"
+    assert make_entries("coin:seed=0,draft:rank=all")[0].label == "coin:seed=0"
+    assert make_entries("coin:seed=0,draft:rank=all")[1].label == "draft"
+    with pytest.raises(UsageError, match="condition 'bcr-chunk' takes no option 'layer'"):
+        condition("bcr-chunk", 0.2, layer=3)
 
 
 def test_conditions_and_selectors_share_the_grammar():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bcr_core.conditions import condition
 from bcr_core.errors import UsageError
 from bcr_core.record_files import read_calls, read_records
 
@@ -71,9 +72,9 @@ class ClaimsGrid:
     segment_tokens: int = 1280  # the unit curve's segment: at budget 0.2, 256 rows = whole units of 1-256
     unit_prompts: int = 12  # documents the unit curve predicts, each from the others' anchors
 
-    def label(self, name: str, **options) -> str:
-        text = ",".join([f"chunk={self.chunk}"] + [f"{k}={v}" for k, v in options.items()])
-        return f"{name}:{text}"
+    def label(self, name: str, value: float | None = None, **options) -> str:
+        """A repair condition of the grid: its B, and the options given."""
+        return condition(name, value, chunk=self.chunk, **options)
 
     @property
     def bcr(self) -> str:
@@ -110,10 +111,10 @@ class ClaimsGrid:
 
     def budgets(self) -> list[str]:
         """BCR-chunk at the grid's other budgets, on the same items (its own run)."""
-        return [self.label(f"bcr-chunk@{rho:g}") for rho in self.rhos]
+        return [self.label("bcr-chunk", rho) for rho in self.rhos]
 
     def gate(self) -> list[str]:
-        return [f"kvcomm@{g:g}" for g in self.gammas] + [f"opengate@{self.theta:g}"]
+        return [condition("kvcomm", g) for g in self.gammas] + [condition("opengate", self.theta)]
 
     def gate_run(self) -> list[str]:
         """The gate sweep with its own line: Dense and KVComm at the default gate on the same items."""

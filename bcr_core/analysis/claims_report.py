@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -266,7 +265,3 @@ def main(folders: list[str]) -> None:
         verdicts[label_of(folder)] = tables["verdicts"]
     if len(folders) > 1:
         print(transfer_markdown(transfer(verdicts), list(verdicts)))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:] or [str(SMOLLM2)])

@@ -30,6 +30,7 @@ import pandas as pd
 
 from bcr_core.analysis import inference as inf
 from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, Verdict, equivalence_claim, mean_claim, paired
+from bcr_core.analysis.stats import reuse_accuracy_line
 from bcr_core.analysis.tax import scaled, share_ci
 
 RECOVERY_NULL = 0.5  # "most of the cost": more than half of the Dense-to-KVComm drop
@@ -40,9 +41,8 @@ def residuals(items: pd.DataFrame, measure: str, start: str, end: str, condition
     mean reuse rate), on the items all of them ran."""
     y = paired(items, measure, start, end, *conditions).astype(float)
     rate = paired(items, "reuse_rate", start, end, *conditions).loc[y.index].mean()
-    r_e = max(float(rate[end]), 1e-9)
-    line = {c: y[start] - (y[start] - y[end]) * float(rate[c]) / r_e for c in conditions}
-    return pd.DataFrame({c: y[c] - line[c] for c in conditions}), rate
+    line = reuse_accuracy_line(y[start].to_numpy(), y[end].to_numpy(), max(float(rate[end]), 1e-9))
+    return pd.DataFrame({c: y[c] - line(float(rate[c])) for c in conditions}, index=y.index), rate
 
 
 def line_claim(gate: pd.DataFrame | None, dense, unconditional, settings, measure="correct") -> Verdict:

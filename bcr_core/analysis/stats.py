@@ -107,7 +107,7 @@ def discordant(a: Iterable[object], b: Iterable[object]) -> tuple[int, int]:
 # ---------------------------------------------------------------- Equation 3
 
 
-def reuse_accuracy_line(dense_acc: float, reuse_acc: float, reuse_rate: float) -> Callable[[float], float | np.ndarray]:
+def reuse_accuracy_line(dense_acc, reuse_acc, reuse_rate: float) -> Callable[[float], float | np.ndarray]:
     """The reuse-accuracy line of Equation 3 (paper §4.2).
 
     The paper draws the line through Dense at reuse 0 and unmodified KVComm at its
@@ -118,11 +118,12 @@ def reuse_accuracy_line(dense_acc: float, reuse_acc: float, reuse_rate: float) -
         acc(r) = dense_acc - (dense_acc - reuse_acc) / r_K * r
 
     so acc(0) = dense_acc and acc(r_K) = reuse_acc. Accuracies may be percent or
-    fractions; the line keeps whatever unit it is given. Returns a function of r
-    that accepts a scalar or an array.
+    fractions; the line keeps whatever unit it is given. They may also be arrays of
+    per-item outcomes (one line per item, as the claims test it: `analysis.line`).
+    Returns a function of r that accepts a scalar or an array.
     """
-    dense = float(dense_acc)
-    reuse = float(reuse_acc)
+    dense = np.asarray(dense_acc, dtype=float)
+    reuse = np.asarray(reuse_acc, dtype=float)
     r_k = float(reuse_rate)
     if not 0.0 < r_k <= 1.0:
         raise ValueError(
@@ -135,7 +136,7 @@ def reuse_accuracy_line(dense_acc: float, reuse_acc: float, reuse_rate: float) -
         pred = dense - slope * np.asarray(r, dtype=float)
         return float(pred) if pred.ndim == 0 else pred
 
-    line.slope = slope  # type: ignore[attr-defined]
+    line.slope = float(slope) if slope.ndim == 0 else slope  # type: ignore[attr-defined]
     return line
 
 

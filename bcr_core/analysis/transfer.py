@@ -31,7 +31,6 @@ from bcr_core.analysis import inference as inf
 from bcr_core.analysis.precision import RESAMPLES, exact
 
 NOT_TESTED = "not measured"
-DECIDED = {"holds", "does not hold"}
 # The equivalence margin of a transfer, on the measure both models' rows read (the lab's null-claim
 # margin on points; a tenth of the gap on a share). KL has none: its scale is each model's own.
 TRANSFER_MARGIN = {"correct": 0.03, "agrees_dense": 0.03, "gap share": 0.03, "share": 0.10}

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bcr_core import spec_grammar
 from bcr_core.analysis import inference as inf
 from bcr_core.analysis.protocol import Verdict, family, mean_claim
 from bcr_core.arena.copies import PAIRED
@@ -63,7 +64,7 @@ def arena_frame(calls: list[dict]) -> pd.DataFrame:
 
 
 def is_coin(label: str) -> bool:
-    return label.split(":")[0] == COIN
+    return spec_grammar.is_coin(spec_grammar.split(label)[0])
 
 
 def is_searched(label: str) -> bool:

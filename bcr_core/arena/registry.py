@@ -21,20 +21,19 @@ import torch
 from bcr_core import paper, spec_grammar
 from bcr_core.arena import arena_selectors, search
 from bcr_core.arena.context import CallContext
-from bcr_core.conditions import split_conditions
+from bcr_core.conditions import REPAIR, SEED, split_conditions
 from bcr_core.errors import UsageError
-from bcr_core.repair.layouts import RANKS
 from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking, Selector
 from bcr_core.reuse.segments import predicted_rows
-from bcr_core.setting_kinds import Int, Str
+from bcr_core.setting_kinds import Int
 from bcr_core.spec_grammar import Option
 
-RANK = {"rank": Option(Str(RANKS), "all", "all: every cached row; predicted: only rows KVComm predicted")}
+RANK = {"rank": REPAIR["rank"]}  # the conditions' own option: one rule for which rows are ranked
 OPTIONS: dict[str, dict[str, Option]] = {
     "kv-error": RANK,
     "kv-error-attn": RANK,
     "draft": RANK | {"k": Option(Int(1), paper.DRAFT_TOKENS, "drafted tokens")},
-    "coin": RANK | {"seed": Option(Int(), 0, "the coin's seed")},
+    "coin": RANK | SEED,
     "cacheblend": RANK | {"layer": Option(Int(1), 1, "the check layer")},
     "question": RANK,
     "seams": {},
@@ -110,8 +109,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
 def label_of(name: str, options: dict) -> str:
     """The selector's label: its options away from their defaults, and a coin's seed always."""
-    shown = {k: v for k, v in options.items() if v != OPTIONS[name][k].default or k == "seed"}
-    return spec_grammar.label(name, None, shown)
+    return spec_grammar.label(name, None, spec_grammar.shown(name, options, OPTIONS[name]))
 
 
 def call_seed(seed: int, key: tuple[int, ...]) -> int:
@@ -124,7 +122,7 @@ def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
     if name == "searched":
         return Entry(label_of(name, options), name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
     cls = SELECTORS[name]
-    if name == "coin":  # a fresh stream on every call, seeded by (its seed, the call's place in the run)
+    if spec_grammar.is_coin(name):  # a fresh stream on every call, seeded by (its seed, the call's place in the run)
         seed = options.setdefault("seed", 0)
         rule, passes = (lambda c: CoinSelector(call_seed(seed, c.key), unit=chunk)), cls.passes
     else:
@@ -137,7 +135,7 @@ def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
 def make_entries(text: str, chunk: int = paper.CHUNK_ROWS, seeds: list[int] | None = None) -> list[Entry]:
     """The selectors of a comma-separated list (options comma-separated too, as for conditions);
     a `coin` without a seed once per seed in `seeds`. A selector listed twice is refused."""
-    specs = spec_grammar.expand_seeds(split_conditions(text), seeds, lambda name: name == "coin")
+    specs = spec_grammar.expand_seeds(split_conditions(text), seeds)
     if not specs:
         raise UsageError(f"no selector given; known: {', '.join(OPTIONS)}")
     entries = [make_entry(s, chunk) for s in specs]

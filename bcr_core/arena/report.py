@@ -9,7 +9,6 @@ then the transfer table: every verdict per model, each model's table its own Hol
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -219,7 +218,3 @@ def main(folders: list) -> None:
                 "then report again"
             )
     print("\n\n".join([*map(markdown, folders), *([transfer_lines(folders)] if len(folders) > 1 else [])]))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:] or ["results/arena"])

@@ -24,7 +24,7 @@ from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
 from bcr_core.arena.shards import owns, parse_shard
-from bcr_core.conditions import make_server, parse
+from bcr_core.conditions import condition, make_server, parse
 from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.memory import release_freed_memory
@@ -89,11 +89,10 @@ def make_arena_cell(
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     labels = tuple(e.label for e in make_entries(DEFAULT if selectors is None else selectors, chunk, seeds))
-    condition = f"bcr-chunk@{rho:g}:chunk={chunk}" + ("" if gamma is None else f",gamma={gamma:g}")
     return ArenaCell(
         benchmark=benchmark,
         agents=agents,
-        conditions=(condition,),
+        conditions=(condition("bcr-chunk", rho, chunk=chunk, gamma=gamma),),
         n=n,
         max_new_tokens=max_new_tokens,
         model=model,

@@ -6,9 +6,10 @@ comparisons (`comparisons`), tables (`tables`), call inspection (`inspection`), 
 """
 
 from bcr_core.analysis.summary import condition_table, with_agreement
+from bcr_core.conditions import condition, parse
 from bcr_core.engine.loading import lazy_backbone
 from bcr_core.lab import saved_inspection
-from bcr_core.lab.comparisons import Comparison, Runs, cached_frame, canonical, collect, condition, label, safe_name
+from bcr_core.lab.comparisons import Comparison, Runs, cached_frame, collect, safe_name
 from bcr_core.lab.explorer import Exploration, Explorer, explore
 from bcr_core.lab.heatmap import SELECTED, attention_figure, field_rows, highlighted_rows, update_figure
 from bcr_core.lab.inspection import CallView, Inspection, answers_side_by_side, inspect_requests
@@ -44,7 +45,6 @@ __all__ = [
     "block_table",
     "budget_check",
     "cached_frame",
-    "canonical",
     "collect",
     "condition",
     "condition_budget",
@@ -56,10 +56,10 @@ __all__ = [
     "gate_counts",
     "highlighted_rows",
     "inspect_requests",
-    "label",
     "lazy_backbone",
     "line_points",
     "line_table",
+    "parse",
     "preview",
     "readable",
     "rows_per_call",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.conditions import SPECS, parse
+from bcr_core.conditions import parse
 from bcr_core.data import benchmarks
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
@@ -85,30 +85,6 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@=,-]+", "_", text).strip("_")[:80] or "x"
 
 
-def label(condition: str) -> str:
-    """A condition's label (`bcr-chunk@0.2:chunk=16`), as the runner records it."""
-    return parse(condition).label
-
-
-def canonical(condition: str) -> tuple:
-    """What a condition runs, with every default filled in, so `bcr-chunk`, `bcr-chunk@0.2` and
-    `bcr-chunk@0.2:chunk=64` compare equal (a run recorded under any of them is reused)."""
-    return parse(condition).settings
-
-
-def condition(name: str, value: float | None = None, **options) -> str:
-    """A condition label from its parts, leaving out options at their defaults:
-    condition("bcr-chunk", 0.2, chunk=64) == "bcr-chunk@0.2"; condition("kvcomm", 0.3) == "kvcomm"."""
-    if name == "kvcomm" and value == SPECS["kvcomm"].value:
-        value = None
-    takes = SPECS[name].options if name in SPECS else {}
-    kept = {k: v for k, v in options.items() if v is not None and (k not in takes or takes[k].default != v)}
-    spec = name + ("" if value is None else f"@{value:g}")
-    if kept:
-        spec += ":" + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in kept.items())
-    return label(spec)
-
-
 @dataclass
 class Runs:
     """Per-item and per-call records of several conditions on one comparison, items in order."""
@@ -155,16 +131,16 @@ def collect(
     `backbone` is a `Backbone` or a zero-argument function returning one; it is only loaded when
     something has to be computed.
     """
-    labels = list(dict.fromkeys(label(c) for c in conditions))
+    labels = list(dict.fromkeys(parse(c).label for c in conditions))
     results_dir = Path(results_dir)
     item_rows, call_rows, sources = [], [], {}
     for condition in labels:
         found = None
-        wanted = canonical(condition)
+        wanted = parse(condition).settings
         for folder, settings in find_runs(results_dir):
             if not comparison.matches(settings):
                 continue
-            recorded = next((c for c in settings.get("conditions", []) if canonical(c) == wanted), None)
+            recorded = next((c for c in settings.get("conditions", []) if parse(c).settings == wanted), None)
             found = None if recorded is None else finished_records(folder, recorded, comparison.n)
             if found is not None:
                 relabel = {"condition": condition}  # the label this notebook asked for

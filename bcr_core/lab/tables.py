@@ -18,6 +18,7 @@ from bcr_core.conditions import SPECS, layout_config, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.prompts import tokenization_diff
+from bcr_core.spec_grammar import is_coin
 
 
 def agreement_table(items: pd.DataFrame, reference: str, dense: str = "dense") -> pd.DataFrame:
@@ -201,7 +202,7 @@ def seed_table(items: pd.DataFrame, dense: str = "dense") -> pd.DataFrame:
     groups: dict[tuple, list[dict]] = {}
     for condition, group in items.groupby("condition", sort=False):
         c = parse(condition)
-        seed = c.options.get("seed", 0 if c.name.startswith("coin") else None)
+        seed = c.options.get("seed", 0 if is_coin(c.name) else None)
         groups.setdefault((c.name, c.value), []).append(
             {
                 "column": "acc" if seed is None else f"acc_seed{int(seed)}",

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from bcr_core.conditions import make_server
+from bcr_core.conditions import condition, make_server
 from bcr_core.data.roles import COPY
 from bcr_core.engine.capacity import check_rows_fit
 from bcr_core.errors import UsageError
@@ -139,8 +139,8 @@ def ttft_calls(
     the length's warm-up seconds (pool fill and path warm-up)."""
     check_settings(lengths, samples)
     shape = Shape.of(bb.config)
-    methods = [("dense", None, "dense"), ("kvcomm", None, "kvcomm@1")]
-    methods += [(m, rho, f"{m}@{rho:g}:gamma=1") for rho in rhos for m in ("bcr-chunk", "coin-chunk")]
+    methods = [("dense", None, "dense"), ("kvcomm", None, condition("kvcomm", 1.0))]
+    methods += [(m, rho, condition(m, rho, gamma=1.0)) for rho in rhos for m in ("bcr-chunk", "coin-chunk")]
     rng = random.Random(seed)
     templates = copy_templates()
     rows = []

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
 from bcr_core.runs.run_settings import RUN, check_run, served_dtype, settings_record
 from bcr_core.setting_kinds import SettingError
+from bcr_core.spec_grammar import is_coin, split
 
 # how a cell runs, or what it is made from, rather than what it is: not part of a cell
 NOT_CELL = ("batch", "seeds")
@@ -26,7 +27,7 @@ class RunSettings(settings_record("RunSettingsFields")):
     def check(self):
         for key, value in check_run(asdict(self)).items():
             object.__setattr__(self, key, value)
-        if self.seeds and not any(c.startswith("coin-") for c in self.conditions):
+        if self.seeds and not any(is_coin(split(c)[0]) for c in self.conditions):
             raise SettingError(
                 "seeds",
                 "runs coin conditions once per seed, and no coin condition (coin-chunk, coin-single) is listed",
