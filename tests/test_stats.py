@@ -335,3 +335,30 @@ def test_paired_table_other_errors():
     bad.loc[0, "correct"] = "yes"
     with pytest.raises(ValueError, match="boolean"):
         paired_table(bad, "dense")
+
+
+def test_the_notebooks_line_is_the_one_the_claims_test():
+    """Notebooks 02 and 08 draw Equation 3 on condition means (`lab.line_table`); the gate claim reads
+    per-item residuals (`analysis.line.residuals`). On the same items they are one line: the mean
+    residual is the notebook's, point for point (written out here: through Dense at reuse 0 and
+    unconditional reuse at its rate)."""
+    from bcr_core.analysis import line
+    from bcr_core.lab.tables import line_table
+
+    rng = np.random.default_rng(7)
+    rates = {"dense": 0.0, "kvcomm@1": 0.9, "kvcomm@0.5": 0.6, "opengate@0.5": 0.3}
+    items = pd.DataFrame(
+        [
+            {"condition": c, "item_id": f"i{i}", "correct": bool(rng.random() < 0.8 - 0.3 * r), "reuse_rate": r}
+            for c, r in rates.items()
+            for i in range(40)
+        ]
+    )
+    e, _ = line.residuals(items, "correct", "dense", "kvcomm@1", ["kvcomm@0.5", "opengate@0.5"])
+    table = items.groupby("condition", sort=False)[["correct", "reuse_rate"]].mean().reset_index()
+    drawn = line_table(table.rename(columns={"correct": "accuracy"}), "dense", "kvcomm@1").set_index("condition")
+    means = table.set_index("condition")["correct"]
+    for c in ("kvcomm@0.5", "opengate@0.5"):
+        by_hand = means[c] - (means["dense"] - (means["dense"] - means["kvcomm@1"]) * rates[c] / rates["kvcomm@1"])
+        assert drawn.loc[c, "residual_points"] == pytest.approx(100 * e[c].mean(), abs=1e-9)
+        assert drawn.loc[c, "residual_points"] == pytest.approx(100 * by_hand, abs=1e-9)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from bcr_core import paper, spec_grammar
-from bcr_core.arena import arena_selectors, search
+from bcr_core.arena import search, selectors
 from bcr_core.arena.context import CallContext
 from bcr_core.conditions import REPAIR, SEED, split_conditions
 from bcr_core.errors import UsageError
@@ -46,15 +46,15 @@ OPTIONS: dict[str, dict[str, Option]] = {
 }
 # every selector's class under its name; `searched` is no ranking (`arena.search` finds its rows)
 SELECTORS: dict[str, type[Selector]] = {
-    "kv-error": arena_selectors.KVErrorSelector,
-    "kv-error-attn": arena_selectors.AttendedKVErrorSelector,
+    "kv-error": selectors.KVErrorSelector,
+    "kv-error-attn": selectors.AttendedKVErrorSelector,
     "draft": DraftSelector,
     "coin": CoinSelector,
     "cacheblend": CacheBlendSelector,
-    "question": arena_selectors.QuestionSelector,
-    "seams": arena_selectors.SeamsSelector,
-    "window": arena_selectors.WindowSelector,
-    "ours": arena_selectors.AttendedDeviationSelector,
+    "question": selectors.QuestionSelector,
+    "seams": selectors.SeamsSelector,
+    "window": selectors.WindowSelector,
+    "ours": selectors.AttendedDeviationSelector,
 }
 # names records written before the rename hold: the K/V-error rankings were called oracles
 RENAMED = {"oracle": "kv-error", "oracle-attn": "kv-error-attn"}
