@@ -124,6 +124,22 @@ class Explorer:
         self.items = sorted({i for i, _ in self.views})
         first = item if item in self.items else self.items[-1]
         start = self.views.get((first, call)) or [v for (i, _), v in self.views.items() if i == first][-1]
+        self.make_controls(inspection, first, start, layer, head, layout_name, rho)
+        self.answers_w, self.segments_w, self.status_w = W.HTML(), W.HTML(), W.HTML()
+        self.decoder = Decoder(bb, live)
+        self.figure = attention_figure(start, explore(start, None, None, layout_name, rho, chunk), widget=True)
+        self.busy = False
+        for w in (self.item_w, *self.controls.values()):
+            w.observe(self.on_change, names="value")
+        self.render()  # sets self.shown
+        self.widget = self.page()
+        if live is not None and os.environ.get(PRELOAD):  # a preheated kernel: load before anyone ticks
+            self.decoder.submit([], lambda generation: self.say(""), self.say)
+
+    def make_controls(self, inspection: Inspection, first: int, start, layer, head, layout_name: str, rho: float):
+        """The item picker and the controls, set to the call `start` of item `first`."""
+        import ipywidgets as W
+
         self.item_w = W.Dropdown(
             description="item", value=first, options=[(f"{i}: {inspection.requests[i].item_id}", i) for i in self.items]
         )
@@ -141,9 +157,7 @@ class Explorer:
         self.layout_w = W.ToggleButtons(description="layout", options=list(LAYOUTS), value=layout_name)
         self.rho_w = W.FloatSlider(description="ρ", min=0.0, max=1.0, step=0.05, value=rho, continuous_update=False)
         # ticked from the start only where decoding needs no model load (served here, caches in memory)
-        self.decode_w = W.Checkbox(description="decode the repaired answer", value=bb is not None)
-        self.answers_w, self.segments_w, self.status_w = W.HTML(), W.HTML(), W.HTML()
-        self.decoder = Decoder(bb, live)
+        self.decode_w = W.Checkbox(description="decode the repaired answer", value=self.bb is not None)
         self.controls = {
             "call": self.call_w,
             "layer": self.layer_w,
@@ -152,12 +166,12 @@ class Explorer:
             "rho": self.rho_w,
             "decode": self.decode_w,
         }
-        self.figure = attention_figure(start, explore(start, None, None, layout_name, rho, chunk), widget=True)
-        self.busy = False
-        for w in (self.item_w, *self.controls.values()):
-            w.observe(self.on_change, names="value")
-        self.render()  # sets self.shown
-        self.widget = W.VBox(
+
+    def page(self):
+        """The controls, the figure, the answers and the per-segment table, top to bottom."""
+        import ipywidgets as W
+
+        return W.VBox(
             [
                 W.HBox([self.item_w, self.call_w]),
                 W.HBox([self.layer_w, self.head_w]),
@@ -171,8 +185,6 @@ class Explorer:
                 self.segments_w,
             ]
         )
-        if live is not None and os.environ.get(PRELOAD):  # a preheated kernel: load before anyone ticks
-            self.decoder.submit([], lambda generation: self.say(""), self.say)
 
     def nodes_of(self, index: int) -> list[tuple[str, str]]:
         return [(f"{v.node} ({v.role}, {v.rows} rows)", v.node) for (i, _), v in self.views.items() if i == index]

@@ -90,6 +90,45 @@ def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> 
     }
 
 
+def check_served_dtype(bb, cell: Cell) -> None:
+    """Refuse a cell recorded in one precision served by a model loaded in another."""
+    served_in = dtype_name(bb.dtype)
+    if cell.dtype != served_in:
+        raise UsageError(
+            f"the run's cell is in {cell.dtype} but the model is served in {served_in}: load the model with "
+            f"--dtype {cell.dtype}, or make the cell with dtype {served_in!r}"
+        )
+
+
+def make_servers(bb, cell: Cell, batch: int, prefix_prefills: bool, share_log_probs: bool):
+    """Each condition's server and the fidelity reference (None without `--fidelity`), sharing
+    segment caches, and above batch size 1 the prefills of equal ids."""
+    servers = {c: make_server(bb, c) for c in cell.conditions}
+    share_segment_caches(bb, servers.values())
+    reference = SharedReference(bb, share_log_probs=share_log_probs) if cell.fidelity else None
+    if batch > 1:  # at batch size 1 every call pays its own prefill, so its TTFT stays a latency
+        prefills = PrefixPrefills(bb) if prefix_prefills else SharedPrefills(bb)
+        for server in [*servers.values(), *([reference] if reference else [])]:
+            server.prefills = prefills
+    return servers, reference
+
+
+def pending_units(cell: Cell, items, pipeline, servers: dict, reference, done, done_calls) -> list[Unit]:
+    """One unit per (condition, item) not yet finished; a finished item's calls are replayed into
+    its server instead (a stateful condition's finished items are a prefix of its items)."""
+    units = []
+    for index, item in enumerate(items):
+        item_id = str(item["id"])
+        for condition, server in servers.items():
+            if (condition, item_id) in done:
+                for call in done_calls.get((condition, item_id), []):
+                    server.replay(call)
+            else:
+                question = benchmarks.question_text(cell.benchmark, item)
+                units.append(Unit((condition, index), partial(pipeline.steps, server, item_id, question, reference)))
+    return units
+
+
 def run_cell(
     bb,
     cell: Cell,
@@ -118,39 +157,17 @@ def run_cell(
     (`fidelity.ForcedLogProbs`, bit-identical); both are on unless turned off to measure them.
     """
     items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
-    served_in = dtype_name(bb.dtype)
-    if cell.dtype != served_in:
-        raise UsageError(
-            f"the run's cell is in {cell.dtype} but the model is served in {served_in}: load the model with "
-            f"--dtype {cell.dtype}, or make the cell with dtype {served_in!r}"
-        )
+    check_served_dtype(bb, cell)
     files = RunFiles(out, cell)
     try:
         pipeline = Pipeline(
             bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
         )
-        servers = {c: make_server(bb, c) for c in cell.conditions}
+        servers, reference = make_servers(bb, cell, batch, prefix_prefills, share_log_probs)
         files.settle()
         stateful = {c for c, server in servers.items() if not server.stateless}
         done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
-        share_segment_caches(bb, servers.values())
-        reference = SharedReference(bb, share_log_probs=share_log_probs) if cell.fidelity else None
-        if batch > 1:  # at batch size 1 every call pays its own prefill, so its TTFT stays a latency
-            prefills = PrefixPrefills(bb) if prefix_prefills else SharedPrefills(bb)
-            for server in [*servers.values(), *([reference] if reference else [])]:
-                server.prefills = prefills
-        units = []
-        for index, item in enumerate(items):
-            item_id = str(item["id"])
-            for condition, server in servers.items():
-                if (condition, item_id) in done:  # a stateful condition's finished items are a prefix
-                    for call in done_calls.get((condition, item_id), []):
-                        server.replay(call)
-                else:
-                    question = benchmarks.question_text(cell.benchmark, item)
-                    units.append(
-                        Unit((condition, index), partial(pipeline.steps, server, item_id, question, reference))
-                    )
+        units = pending_units(cell, items, pipeline, servers, reference, done, done_calls)
         bar = tqdm(
             total=len(items) * len(servers),
             initial=len(items) * len(servers) - len(units),
