@@ -106,3 +106,23 @@ def test_budget_sweep_draws_each_seed_the_mean_over_seeds_with_its_span_and_the_
     assert list(means[1].y) == pytest.approx([37.5, 87.5])  # agreement with Dense: (2+1)/8, (3+4)/8
     levels = sorted(shape.y0 for shape in fig.layout.shapes)
     assert levels == pytest.approx([25, 25, 75, 100])  # kvcomm and dense: accuracy 25/75, agreement 25/100
+
+
+def test_the_latency_figure_draws_each_method_twice_with_its_percentile_bars():
+    ttft = pd.DataFrame(
+        {
+            "label": ["dense", "dense", "bcr-chunk ρ=0.2", "bcr-chunk ρ=0.2"],
+            "length": [64, 512, 64, 512],
+            "ttft_ms": [10.0, 40.0, 12.0, 20.0],
+            "ttft_ms_p10": [9.0, 35.0, 11.0, 18.0],
+            "ttft_ms_p90": [12.0, 50.0, 15.0, 21.0],
+            "speedup_vs_dense": [1.0, 1.0, 0.8, 2.0],
+        }
+    )
+    fig = figures.latency(ttft)
+    assert [t.name for t in fig.data] == ["dense", "dense", "bcr-chunk ρ=0.2", "bcr-chunk ρ=0.2"]
+    timed = fig.data[2]
+    assert list(timed.y) == [12.0, 20.0] and list(timed.error_y.array) == [3.0, 1.0]
+    assert list(timed.error_y.arrayminus) == [1.0, 2.0]
+    assert list(fig.data[3].y) == [0.8, 2.0] and fig.data[3].showlegend is False
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"

@@ -13,6 +13,8 @@ And the figures a notebook would otherwise draw with plotly in its cells:
   (Dense and the reuse endpoint) when the endpoint reused anything (notebook 10).
 - `budget_sweep`: accuracy and agreement with Dense against the repair budget, one point per coin
   seed, the mean over seeds with its min-max span, and Dense and KVComm as levels (notebook 06).
+- `latency`: TTFT against the shared segment's length per method, with its 10th-90th percentile bars,
+  and the speedup against Dense (notebook 07, Table 10).
 """
 
 from __future__ import annotations
@@ -137,4 +139,25 @@ def budget_sweep(items: pd.DataFrame, coins: dict, title: str) -> go.Figure:
     fig.update_yaxes(title_text=PANELS["accuracy"], row=1, col=1)
     fig.update_yaxes(title_text=PANELS["agrees_dense"], row=1, col=2)
     fig.update_layout(title=title, height=460)
+    return fig
+
+
+def latency(ttft: pd.DataFrame, title: str = "Latency against segment length (Table 10)") -> go.Figure:
+    """`probes.latency.ttft_table`'s table (one row per method and length: `length`, `ttft_ms` and its
+    p10/p90, `speedup_vs_dense`) with a `label` per method, as two panels on a log length axis."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time to first token", "speedup against Dense"))
+    for name, group in ttft.groupby("label", sort=False):
+        bars = dict(
+            type="data",
+            symmetric=False,
+            array=group["ttft_ms_p90"] - group["ttft_ms"],
+            arrayminus=group["ttft_ms"] - group["ttft_ms_p10"],
+        )
+        line = dict(x=group["length"], mode="lines+markers", name=name, legendgroup=name)
+        fig.add_scatter(y=group["ttft_ms"], error_y=bars, row=1, col=1, **line)
+        fig.add_scatter(y=group["speedup_vs_dense"], showlegend=False, row=1, col=2, **line)
+    fig.update_xaxes(title_text="shared segment length (tokens, log scale)", type="log")
+    fig.update_yaxes(title_text="TTFT (ms, median; bars 10th-90th percentile)", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="speedup vs Dense (×, mean of paired ratios)", row=1, col=2)
+    fig.update_layout(title=title, height=480)
     return fig
