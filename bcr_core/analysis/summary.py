@@ -55,6 +55,7 @@ GROUPS = {
     "strict": ("accuracy_strict",),
     "agreement": ("agrees_dense",),
     "answers": ("answer_agreement",),
+    "reuse": ("reuse_rate",),
     "items": ("reuse_rate", "rows_per_call", "rows_wasted_per_call", "skipped_calls"),
     "latency": ("ttft_ms",),
     "calls": (
