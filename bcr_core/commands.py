@@ -135,14 +135,13 @@ def cmd_arena_merge(args) -> int:
 
 
 def cmd_arena_deepen(args) -> int:
-    from bcr_core.arena.ceiling import search_cost
-    from bcr_core.arena.deepen import deepen, deepened_cell
+    from bcr_core.arena.deepen import continued, deepen, deepened_cell
     from bcr_core.engine.loading import load_backbone
     from bcr_core.record_files import read_calls
 
     cell = deepened_cell(args.source, args.evals)  # the cap checked before the model loads
     deepen(load_backbone(cell.model, cell.dtype), args.source, args.out, args.evals)
-    return print_table(search_cost(read_calls(args.out / "calls.jsonl")), args, digits=3)
+    return print_table(continued(read_calls(args.out / "calls.jsonl")), args, digits=4)
 
 
 def cmd_calibrate(args) -> int:

@@ -22,19 +22,20 @@ import time
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
 from tqdm.auto import tqdm
 
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena import search
 from bcr_core.arena.copies import DenseReference, kl_of_sets
-from bcr_core.arena.measures import is_searched
+from bcr_core.arena.measures import arena_frame, gap_share, is_searched
 from bcr_core.arena.registry import make_entry
 from bcr_core.arena.run import ArenaCell, KeptReference
 from bcr_core.conditions import make_server, parse
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
-from bcr_core.record_files import read_records
+from bcr_core.record_files import read_calls, read_records
 from bcr_core.reuse.calls import drive
 from bcr_core.reuse.segments import predicted_rows
 from bcr_core.runs.run_files import RunFiles, read_settings
@@ -187,3 +188,56 @@ def continue_call(bb, call, record: dict, reference: KeptReference, cell: ArenaC
             found = measured[best] | {"rows_wasted": sum(j not in predicted for j in best), "runs": search.runs(best)}
             arena["entries"] = [e | found if e is ceiling else e for e in arena["entries"]]
     return out
+
+
+def continued(calls: list[dict]) -> pd.DataFrame:
+    """Per budget, the searches a deepened folder continued: how many, the share that found a set
+    leaving less KL, the share now ended at a local optimum, the evaluations added per search, and
+    the mean KL of the searched sets before and after (over those searches)."""
+    rows = []
+    for call in calls:
+        for records in call.get("arena", {}).get("search", {}).values():
+            for budget, r in records.items():
+                if "deepened" in r:
+                    after = next(
+                        e["kl"]
+                        for e in call["arena"]["entries"]
+                        if is_searched(e["selector"]) and e["budget"] == budget
+                    )
+                    before = r["deepened"]["kl_before"]
+                    rows.append(
+                        {"budget": budget, "before": before, "after": after, "better": after < before}
+                        | {"local_optimum": r["local_optimum"], "evaluations": r["deepened"]["evaluations"]}
+                    )
+    if not rows:
+        return pd.DataFrame(columns=["budget", "searches"])
+    return (
+        pd.DataFrame(rows)
+        .groupby("budget", sort=False)
+        .agg(
+            searches=("before", "size"),
+            found_better=("better", "mean"),
+            local_optimum=("local_optimum", "mean"),
+            evaluations=("evaluations", "mean"),
+            kl_before=("before", "mean"),
+            kl_after=("after", "mean"),
+        )
+        .reset_index()
+    )
+
+
+def shares_before_after(source: Path, out: Path) -> pd.DataFrame:
+    """Each selector's share of the ceiling's gain at BCR-chunk's count, against the run's ceiling
+    and against the deepened one, on the items the deepened folder holds."""
+    deeper = read_calls(Path(out) / "calls.jsonl")
+    held = {c["item_id"] for c in deeper}
+    first = [c for c in read_calls(Path(source) / "calls.jsonl") if c["item_id"] in held]
+    table = lambda calls: gap_share(arena_frame(calls))[1].set_index("selector")[["gap_share", "lo", "hi"]]  # noqa: E731
+    before, after = table(first), table(deeper)
+    before.index, after.index = before.index.map(plain), after.index.map(plain)
+    return before.add_suffix("_before").join(after.add_suffix("_after")).reset_index()
+
+
+def plain(label: str) -> str:
+    """A ceiling's label without its options (`searched:evals=1000` -> `searched`), so the two runs' rows meet."""
+    return "searched" if is_searched(label) else label
