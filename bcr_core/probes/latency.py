@@ -163,23 +163,8 @@ def ttft_calls(
                 for (method, rho), call in zip(servers, timed):
                     if method != "dense" and call["mode"] != "reuse":
                         raise RuntimeError(f"{method} fell back to a dense prefill after warm-up ({call['reason']})")
-                    rows.append(
-                        {
-                            "length": length,
-                            "sample": request - WARM_UP_PATHS,
-                            "node": prompt.template.node,
-                            "segment_tokens": len(prompt.segments[1].ids),
-                            "method": method,
-                            "rho": rho,
-                            "ttft_s": call["ttft_s"],
-                            "dense_ttft_s": timed[0]["ttft_s"],
-                            "assembly_s": call["assembly_s"],
-                            "rows": call["rows"],
-                            "flops": call["flops"],
-                            "bound_s": call["bound_s"],
-                            **rates.readable(bb.dtype.itemsize),
-                        }
-                    )
+                    sample, readable = request - WARM_UP_PATHS, rates.readable(bb.dtype.itemsize)
+                    rows.append(call_row(length, sample, method, rho, prompt, call, timed[0], readable))
             if request == WARM_UP_PATHS - 1:
                 warm_up_s = time.perf_counter() - started
             bar.update(1)
@@ -191,6 +176,15 @@ def ttft_calls(
             for key, value in peak.items():
                 row.setdefault(key, value)
     return pd.DataFrame(rows)
+
+
+def call_row(length: int, sample: int, method: str, rho, prompt, call: dict, dense: dict, rates: dict) -> dict:
+    """One timed call's row: where it was timed, its segment, its TTFT beside Dense's, its bound."""
+    where = {"length": length, "sample": sample, "node": prompt.template.node}
+    where |= {"segment_tokens": len(prompt.segments[1].ids), "method": method, "rho": rho}
+    measured = {"ttft_s": call["ttft_s"], "dense_ttft_s": dense["ttft_s"]}
+    measured |= {key: call[key] for key in ("assembly_s", "rows", "flops", "bound_s")}
+    return where | measured | rates
 
 
 def timed_call(server, prompt, method: str, shape: Shape, rates) -> dict:

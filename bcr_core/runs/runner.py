@@ -102,7 +102,11 @@ def check_served_dtype(bb, cell: Cell) -> None:
 
 def make_servers(bb, cell: Cell, batch: int, prefix_prefills: bool, share_log_probs: bool):
     """Each condition's server and the fidelity reference (None without `--fidelity`), sharing
-    segment caches, and above batch size 1 the prefills of equal ids."""
+    segment caches, and above batch size 1 the prefills of equal ids. `prefix_prefills` also extends
+    the kept prefill sharing the longest exact prefix with a prompt instead of prefilling it whole
+    (`PrefixPrefills`): equal to a fresh prefill within float rounding, not bit for bit.
+    `share_log_probs` measures each cache's teacher-forced log-probabilities for the fidelity KL once
+    (`fidelity.ForcedLogProbs`, bit-identical), on unless turned off to measure it."""
     servers = {c: make_server(bb, c) for c in cell.conditions}
     share_segment_caches(bb, servers.values())
     reference = SharedReference(bb, share_log_probs=share_log_probs) if cell.fidelity else None
@@ -149,12 +153,9 @@ def run_cell(
     time in order, so results equal batch size 1 up to float rounding in batched decoding. Dense
     prefills of ids another condition already prefilled are shared (`SharedPrefills`). Call times
     then include waiting for the batch and exclude shared prefills; measure latency at batch size 1
-    or with `bcr ttft`. `prefix_prefills` (batch > 1 only) also extends the kept prefill sharing
-    the longest exact prefix with a prompt instead of prefilling it whole (`PrefixPrefills`): equal
-    to a fresh prefill within float rounding, not bit for bit. `share_decodes` (batch > 1) answers a
-    decode request identical to one decoded before with its tokens (`lanes.SharedDecodes`), and
-    `share_log_probs` measures each cache's teacher-forced log-probabilities for the fidelity KL once
-    (`fidelity.ForcedLogProbs`, bit-identical); both are on unless turned off to measure them.
+    or with `bcr ttft`. `prefix_prefills` and `share_log_probs`: see `make_servers`; `share_decodes`
+    (batch > 1) answers a decode request identical to one decoded before with its tokens
+    (`lanes.SharedDecodes`), on unless turned off to measure it.
     """
     items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
     check_served_dtype(bb, cell)
