@@ -4,7 +4,8 @@ selector's picks overlap them. The item is the unit: per-call values are average
 
 - `search_cost`: per budget, the share of calls searched exhaustively (a true optimum over the chunk
   layout's sets at that count), locally (a search's best) or not at all (a count of 0), the share of
-  local searches that ended at a local optimum, evaluations and seconds per call.
+  local searches that ended at a local optimum (one that spent its whole cap counted as stopped by
+  it), evaluations and seconds per call.
 - `reach`: per budget, per-item KL of the unrepaired cache, of the searched set and of token-matched
   Dense (the exact cache of the same ids: what repairing every row gives), and the share of the
   reachable the searched set reaches, (unrepaired - searched) / (unrepaired - token-matched), of the
@@ -25,7 +26,7 @@ import pandas as pd
 
 from bcr_core.analysis import inference as inf
 from bcr_core.arena.measures import SEARCHED, arena_frame, is_coin, is_searched
-from bcr_core.arena.registry import current_label
+from bcr_core.arena.registry import current_label, evals_of
 from bcr_core.arena.search import rows_of
 from bcr_core.errors import UsageError
 
@@ -49,6 +50,10 @@ def search_cost(calls: list[dict]) -> pd.DataFrame:
                 rows.append({"searcher": label, "budget": budget, "item_id": call["item_id"]} | record)
     frame = pd.DataFrame(rows)
     frame["local_optimum"] = frame.get("local_optimum", pd.Series(dtype=float))
+    # a search that spent its whole cap may have had the cap cut its last round short: not counted as
+    # ended at a local optimum (records made before `search.local_search` checked say it was)
+    reached = frame["evaluations"] >= frame["searcher"].map(evals_of)
+    frame["local_optimum"] = frame["local_optimum"].where(~reached, False)
     local = frame["case"] == "local"
     return (
         frame.assign(

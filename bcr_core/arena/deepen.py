@@ -29,7 +29,7 @@ from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena import search
 from bcr_core.arena.copies import DenseReference, kl_of_sets
 from bcr_core.arena.measures import arena_frame, gap_share, is_searched
-from bcr_core.arena.registry import make_entry
+from bcr_core.arena.registry import evals_of, make_entry
 from bcr_core.arena.run import ArenaCell, KeptReference
 from bcr_core.conditions import make_server, parse
 from bcr_core.data import benchmarks
@@ -51,16 +51,11 @@ def capped(call: dict) -> list[str]:
     `search.local_search` checked the last round's untried moves may call such a search a local optimum."""
     out = []
     for label, found in call.get("arena", {}).get("search", {}).items():
-        cap = cap_of(label)
+        cap = evals_of(label)
         out += [
             b for b, r in found.items() if r["case"] == "local" and (not r["local_optimum"] or r["evaluations"] >= cap)
         ]
     return out
-
-
-def cap_of(label: str) -> int:
-    """A `searched` label's evaluation cap."""
-    return make_entry(label).options.get("evals", search.EVALS)
 
 
 def deepened_cell(source: Path, evals: int) -> ArenaCell:
@@ -69,8 +64,8 @@ def deepened_cell(source: Path, evals: int) -> ArenaCell:
     ceilings = [label for label in cell.selectors if is_searched(label)]
     if not ceilings:
         raise UsageError(f"{source} ran no `searched` ceiling, so there is no search to continue")
-    if evals <= cap_of(ceilings[0]):
-        raise UsageError(f"--evals {evals} is not above the run's cap of {cap_of(ceilings[0])}; give a larger one")
+    if evals <= evals_of(ceilings[0]):
+        raise UsageError(f"--evals {evals} is not above the run's cap of {evals_of(ceilings[0])}; give a larger one")
     cap = make_entry(ceilings[0]).options.get("cap", search.CAP)
     new = make_entry(f"searched:cap={cap},evals={evals}").label
     return ArenaCell.from_record(cell.record() | {"selectors": [new if is_searched(s) else s for s in cell.selectors]})

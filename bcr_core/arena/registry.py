@@ -94,6 +94,11 @@ def current_label(label: str) -> str:
     return RENAMED.get(head, head) + colon + tail
 
 
+def evals_of(label: str) -> int:
+    """A `searched` label's evaluation cap per call and budget."""
+    return make_entry(label).options.get("evals", search.EVALS)
+
+
 def parse_spec(spec: str) -> tuple[str, dict]:
     head, value, pairs = spec_grammar.split(spec)
     name = RENAMED.get(head, head)
