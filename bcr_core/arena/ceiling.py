@@ -27,7 +27,7 @@ import pandas as pd
 from bcr_core.analysis import inference as inf
 from bcr_core.arena.measures import SEARCHED, arena_frame, is_coin, is_searched
 from bcr_core.arena.registry import current_label, evals_of
-from bcr_core.arena.search import rows_of
+from bcr_core.arena.search import rows_of, stopped_at_cap
 from bcr_core.errors import UsageError
 
 REGIONS = ("prefix", "question", "answers", "template")
@@ -46,15 +46,15 @@ def search_cost(calls: list[dict]) -> pd.DataFrame:
     rows = []
     for call in searched_calls(calls):
         for label, budgets in call["arena"]["search"].items():
+            cap = evals_of(label)
             for budget, record in budgets.items():
-                rows.append({"searcher": label, "budget": budget, "item_id": call["item_id"]} | record)
+                capped = stopped_at_cap(record, cap)
+                rows.append(
+                    {"searcher": label, "budget": budget, "item_id": call["item_id"], "capped": capped} | record
+                )
     frame = pd.DataFrame(rows)
-    frame["local_optimum"] = frame.get("local_optimum", pd.Series(dtype=float))
-    # a search that spent its whole cap may have had the cap cut its last round short: not counted as
-    # ended at a local optimum (records made before `search.local_search` checked say it was)
-    reached = frame["evaluations"] >= frame["searcher"].map(evals_of)
-    frame["local_optimum"] = frame["local_optimum"].where(~reached, False)
     local = frame["case"] == "local"
+    frame["local_optimum"] = ~frame["capped"]  # read on local searches only
     return (
         frame.assign(
             exhaustive=frame["case"] == "exhaustive",

@@ -47,14 +47,11 @@ KL_TOLERANCE, KL_FLOOR = 1e-2, 1e-6
 
 
 def capped(call: dict) -> list[str]:
-    """The budgets of a call whose local search stopped at its cap, or reached it: records made before
-    `search.local_search` checked the last round's untried moves may call such a search a local optimum."""
+    """The budgets of a call whose search its cap stopped (`search.stopped_at_cap`)."""
     out = []
     for label, found in call.get("arena", {}).get("search", {}).items():
         cap = evals_of(label)
-        out += [
-            b for b, r in found.items() if r["case"] == "local" and (not r["local_optimum"] or r["evaluations"] >= cap)
-        ]
+        out += [budget for budget, record in found.items() if search.stopped_at_cap(record, cap)]
     return out
 
 

@@ -170,6 +170,13 @@ def search(
     return best, info | {"seconds": time.perf_counter() - started}
 
 
+def stopped_at_cap(record: dict, evals: int) -> bool:
+    """Whether a search's record says the cap of `evals` stopped it: a local search not at a local
+    optimum, or one that spent the whole cap (records made before `local_search` checked the last
+    round's untried moves may call such a search a local optimum)."""
+    return record["case"] == "local" and (not record["local_optimum"] or record["evaluations"] >= evals)
+
+
 def runs(rows) -> list[list[int]]:
     """A sorted row set as its maximal runs of consecutive rows, [[start, stop), ...]."""
     out: list[list[int]] = []
