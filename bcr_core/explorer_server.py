@@ -50,78 +50,84 @@ class RoomFull(Exception):
     """Every kernel the room may run is in use."""
 
 
+class RoomKeeping:
+    """Voila's kernel manager, keeping the room: a taken pool kernel is not replaced, a fresh kernel is
+    refused past the cap, and each change is logged. Mixed in before Voila's own class (pooled or not)."""
+
+    def __init__(self, **kwargs):
+        self._taken: set[str] = set()  # kernels a page has (from the pool or started for it)
+        self._starting = 0  # pages being given a kernel (the pool's or a fresh one) right now
+        super().__init__(**kwargs)
+
+    @property
+    def cap(self) -> int:
+        return self.parent.max_kernels
+
+    def free(self) -> int:
+        """Preheated kernels (ready or starting) no page has taken."""
+        return sum(len(pool) for pool in getattr(self, "_pools", {}).values())
+
+    def in_use(self) -> int:
+        running = set(self.list_kernel_ids())
+        return len(self._taken & running)
+
+    def full(self) -> bool:
+        return bool(self.cap) and self.free() == 0 and self.in_use() + self._starting >= self.cap
+
+    def say(self, what: str) -> None:
+        """One line on the instructor's console: kernels in use, free, and how many more may start."""
+        used, free = self.in_use(), self.free()
+        more = f", {max(self.cap - used - free, 0)} more can start (at most {self.cap})" if self.cap else ""
+        self.log.info("room: %d kernels in use, %d preheated free%s; %s", used, free, more, what)
+
+    def fill_if_needed(self, delay=None, notebook_name=None, **kwargs):
+        if delay is None:  # Voila refilling the place of a kernel a page just took: not while the room runs
+            return
+        super().fill_if_needed(delay, notebook_name, **kwargs)
+
+    async def get_rendered_notebook(self, *args, **kwargs):
+        self._starting += 1
+        try:
+            task, rendered, kernel_id = await super().get_rendered_notebook(*args, **kwargs)
+        finally:
+            self._starting -= 1
+        self._taken.add(kernel_id)
+        self.say("a page took a preheated kernel")
+        return task, rendered, kernel_id
+
+    async def start_kernel(self, *args, **kwargs):
+        """A fresh kernel for a page (the pool's kernels start through Voila's own path, not this one)."""
+        waited = 0.0
+        while self.full() and waited < RELEASE_WAIT_S:
+            await asyncio.sleep(0.25)
+            waited += 0.25
+        if self.full():
+            self.say("a page was told the room is full")
+            raise RoomFull()
+        self._starting += 1  # no await since the check: two pages cannot both take the last place
+        try:
+            kernel_id = await ensure_async(super().start_kernel(*args, **kwargs))
+        finally:
+            self._starting -= 1
+        self._taken.add(kernel_id)
+        self.say("a page started a kernel of its own")
+        return kernel_id
+
+    async def shutdown_kernel(self, kernel_id, *args, **kwargs):
+        released = kernel_id in self._taken
+        self._taken.discard(kernel_id)  # at once: the page reloading counts it free already
+        try:
+            return await ensure_async(super().shutdown_kernel(kernel_id, *args, **kwargs))
+        finally:
+            if released:
+                self.say("a page closed or was reloaded")
+
+
 def room_kernel_manager(base: type) -> type:
-    """Voila's kernel manager class `base` (with or without a preheated pool) keeping the room: a taken
-    pool kernel is not replaced, a fresh kernel is refused past the cap, and each change is logged."""
+    """Voila's kernel manager class `base` (with or without a preheated pool) keeping the room."""
 
-    class RoomKernelManager(base):
-        def __init__(self, **kwargs):
-            self._taken: set[str] = set()  # kernels a page has (from the pool or started for it)
-            self._starting = 0  # pages being given a kernel (the pool's or a fresh one) right now
-            super().__init__(**kwargs)
-
-        @property
-        def cap(self) -> int:
-            return self.parent.max_kernels
-
-        def free(self) -> int:
-            """Preheated kernels (ready or starting) no page has taken."""
-            return sum(len(pool) for pool in getattr(self, "_pools", {}).values())
-
-        def in_use(self) -> int:
-            running = set(self.list_kernel_ids())
-            return len(self._taken & running)
-
-        def full(self) -> bool:
-            return bool(self.cap) and self.free() == 0 and self.in_use() + self._starting >= self.cap
-
-        def say(self, what: str) -> None:
-            """One line on the instructor's console: kernels in use, free, and how many more may start."""
-            used, free = self.in_use(), self.free()
-            more = f", {max(self.cap - used - free, 0)} more can start (at most {self.cap})" if self.cap else ""
-            self.log.info("room: %d kernels in use, %d preheated free%s; %s", used, free, more, what)
-
-        def fill_if_needed(self, delay=None, notebook_name=None, **kwargs):
-            if delay is None:  # Voila refilling the place of a kernel a page just took: not while the room runs
-                return
-            super().fill_if_needed(delay, notebook_name, **kwargs)
-
-        async def get_rendered_notebook(self, *args, **kwargs):
-            self._starting += 1
-            try:
-                task, rendered, kernel_id = await super().get_rendered_notebook(*args, **kwargs)
-            finally:
-                self._starting -= 1
-            self._taken.add(kernel_id)
-            self.say("a page took a preheated kernel")
-            return task, rendered, kernel_id
-
-        async def start_kernel(self, *args, **kwargs):
-            """A fresh kernel for a page (the pool's kernels start through Voila's own path, not this one)."""
-            waited = 0.0
-            while self.full() and waited < RELEASE_WAIT_S:
-                await asyncio.sleep(0.25)
-                waited += 0.25
-            if self.full():
-                self.say("a page was told the room is full")
-                raise RoomFull()
-            self._starting += 1  # no await since the check: two pages cannot both take the last place
-            try:
-                kernel_id = await ensure_async(super().start_kernel(*args, **kwargs))
-            finally:
-                self._starting -= 1
-            self._taken.add(kernel_id)
-            self.say("a page started a kernel of its own")
-            return kernel_id
-
-        async def shutdown_kernel(self, kernel_id, *args, **kwargs):
-            released = kernel_id in self._taken
-            self._taken.discard(kernel_id)  # at once: the page reloading counts it free already
-            try:
-                return await ensure_async(super().shutdown_kernel(kernel_id, *args, **kwargs))
-            finally:
-                if released:
-                    self.say("a page closed or was reloaded")
+    class RoomKernelManager(RoomKeeping, base):
+        pass
 
     return RoomKernelManager
 

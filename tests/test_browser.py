@@ -445,10 +445,9 @@ def test_a_room_serves_pages_past_its_pool_and_reloads_then_says_it_is_full(expl
     assert server_errors((tmp_path / "voila.log").read_text()) == []
 
 
-def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, capsys):
-    prepared, inspection = explorer_setup
-    port = app.free_port()
-    command = [
+def jupyterlab_command(port: int, root) -> list[str]:
+    """JupyterLab on 127.0.0.1:`port` serving `root`, without a token, a browser or news."""
+    return [
         sys.executable,
         "-m",
         "jupyterlab",
@@ -459,17 +458,27 @@ def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, c
         "--ServerApp.port_retries=0",
         "--IdentityProvider.token=",
         "--ServerApp.password=",
-        f"--ServerApp.root_dir={prepared.notebook.parent}",
+        f"--ServerApp.root_dir={root}",
         "--LabApp.news_url=",
         "--LabServerApp.extension_manager=readonly",
     ]
+
+
+def jupyterlab_env(tmp_path) -> dict:
+    """Settings and workspaces under `tmp_path`, rendering every cell: with JupyterLab's default
+    windowing (content-visibility) a cell out of view is skipped, and a plotly widget whose view is
+    created there can come up empty."""
     settings = tmp_path / "settings"
-    # Render every cell: with JupyterLab's default windowing (content-visibility) a cell out of view
-    # is skipped, and a plotly widget whose view is created there can come up empty
     tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
     tracker.parent.mkdir(parents=True)
     tracker.write_text('{"windowingMode": "none"}')
-    env = os.environ | {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+    return os.environ | {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+
+
+def test_jupyterlab_runs_the_explorer_without_errors(explorer_setup, tmp_path, capsys):
+    prepared, inspection = explorer_setup
+    port = app.free_port()
+    command, env = jupyterlab_command(port, prepared.notebook.parent), jupyterlab_env(tmp_path)
     with open(tmp_path / "lab.log", "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:

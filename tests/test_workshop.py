@@ -110,59 +110,89 @@ def chunks_of(rows: list[int]) -> list[str]:
     return runs
 
 
-def test_the_exercises_answers_are_the_committed_inspections():
-    """Exercises 1-4 against the committed saved inspection (item 4's calls), the rows worked out here:
-    Algorithm 2's score (layers 1 and up, heads and draft steps averaged), Algorithm 1's chunk count
-    round(rho M / B) of the best mean-scoring 16-row chunks, single rows as the top round(rho M), and
-    each selector's lane as the explorer draws it (`microscope.picks`) scored against `kv-error`'s band."""
-    import numpy as np
-    import torch
+@pytest.fixture(scope="module")
+def exercise():
+    """Item 4's calls from the committed saved inspection, with Algorithm 2's score worked out here
+    (layers 1 and up, heads and draft steps averaged) and the rows of Algorithm 1's chunks at rho 0.2."""
+    from types import SimpleNamespace
 
-    from bcr_core.lab import microscope, saved_inspection
+    from bcr_core.lab import saved_inspection
 
-    text = doc_text()
     saved = saved_inspection.load(next((RESULTS / "explorer").glob("*.pt")))
-    view, short = saved.view(4, "agent_3"), saved.view(4, "agent_1")
+    view = saved.view(4, "agent_3")
     rows, chunk, prefix = view.rows, 16, view.segments[0]["stop"]
-    shared = {r for s in view.segments if s["placeholder"] for r in range(s["start"], s["stop"])}
     attention = view.attention.double()
     score = attention[1:].mean(dim=(1, 2)).sum(dim=0).numpy()
-    assert f"item 4, `agent_3` ({rows} cached rows)" in text and f"`agent_1` ({short.rows} rows)" in text
-
     spans = [(a, min(a + chunk, rows)) for a in range(0, rows, chunk)]
     best = sorted(sorted(spans, key=lambda s: -score[s[0] : s[1]].mean())[: round(0.2 * rows / chunk)])
-    picked = [r for a, b in best for r in range(a, b)]
-    on_prefix = sum(r < prefix for r in picked)
-    runs = chunks_of(picked)
-    assert f"{len(picked)} rows selected, in three chunks: rows {runs[0]}, {runs[1]} and {runs[2]}" in text
-    assert f"{on_prefix} of the {len(picked)} sit on the agent's own prefix (rows 0-{prefix - 1})" in text
-    assert f"The prefix takes {100 * score[:prefix].sum() / score.sum():.0f}% of the score mass" in text
+    return SimpleNamespace(
+        saved=saved,
+        view=view,
+        short=saved.view(4, "agent_1"),
+        rows=rows,
+        chunk=chunk,
+        prefix=prefix,
+        shared={r for s in view.segments if s["placeholder"] for r in range(s["start"], s["stop"])},
+        attention=attention,
+        score=score,
+        picked=[r for a, b in best for r in range(a, b)],
+    )
 
-    single = ", ".join(str(round(rho * rows)) for rho in (0.1, 0.2, 0.3, 0.4))
-    assert f"single selects exactly round(ρ·M) rows: {single} of {rows}" in text
-    assert f"({round(0.1 * rows / chunk) * chunk} rows at ρ = 0.1, {len(picked)} at 0.2)" in text
-    assert 0.1 * short.rows < chunk and f"0.1 · {short.rows} = {0.1 * short.rows:.1f} < {chunk} rows" in text
+
+def test_exercise_1_the_chunks_algorithm_1_picks(exercise):
+    """Algorithm 1's chunk count round(rho M / B) of the best mean-scoring 16-row chunks."""
+    e, text = exercise, doc_text()
+    assert f"item 4, `agent_3` ({e.rows} cached rows)" in text and f"`agent_1` ({e.short.rows} rows)" in text
+    on_prefix = sum(r < e.prefix for r in e.picked)
+    runs = chunks_of(e.picked)
+    assert f"{len(e.picked)} rows selected, in three chunks: rows {runs[0]}, {runs[1]} and {runs[2]}" in text
+    assert f"{on_prefix} of the {len(e.picked)} sit on the agent's own prefix (rows 0-{e.prefix - 1})" in text
+    assert f"The prefix takes {100 * e.score[: e.prefix].sum() / e.score.sum():.0f}% of the score mass" in text
+
+
+def test_exercise_2_single_rows_and_chunk_rounding(exercise):
+    """Single rows as the top round(rho M); chunks rounded to whole chunks; a short segment below one chunk."""
+    e, text = exercise, doc_text()
+    single = ", ".join(str(round(rho * e.rows)) for rho in (0.1, 0.2, 0.3, 0.4))
+    assert f"single selects exactly round(ρ·M) rows: {single} of {e.rows}" in text
+    assert f"({round(0.1 * e.rows / e.chunk) * e.chunk} rows at ρ = 0.1, {len(e.picked)} at 0.2)" in text
+    assert 0.1 * e.short.rows < e.chunk and f"0.1 · {e.short.rows} = {0.1 * e.short.rows:.1f} < {e.chunk} rows" in text
+
+
+def test_exercise_3_which_layers_score(exercise):
+    """The top 20% of rows by the summed score, by layer 0 alone and by layer 3's head 1."""
+    import numpy as np
+
+    e, text = exercise, doc_text()
 
     def top(values, k):
         return set(np.argsort(-values, kind="stable")[:k].tolist())
 
-    k = round(0.2 * rows)
-    summed, layer0 = top(score, k), top(attention[0].mean(dim=(0, 1)).numpy(), k)
-    layer3 = top(attention[3, :, 1].mean(dim=0).numpy(), k)
-
     def counts(chosen):
-        return sum(r < prefix for r in chosen), len(chosen & shared)
+        return sum(r < e.prefix for r in chosen), len(chosen & e.shared)
 
+    k = round(0.2 * e.rows)
+    summed, layer0 = top(e.score, k), top(e.attention[0].mean(dim=(0, 1)).numpy(), k)
+    layer3 = top(e.attention[3, :, 1].mean(dim=0).numpy(), k)
     assert f"{counts(summed)[0]} of the {k} rows are on the exact prefix and {counts(summed)[1]} on the shared" in text
     assert f"with layer 0, none on the prefix and {counts(layer0)[1]} on the shared values" in text
     assert counts(layer0)[0] == 0 and f"head 1 puts {counts(layer3)[0]} on the prefix" in text
 
+
+def test_exercise_4_each_selectors_lane_against_the_error(exercise):
+    """Each selector's lane as the explorer draws it (`microscope.picks`) scored against `kv-error`'s band."""
+    import torch
+
+    from bcr_core.lab import microscope
+
+    e, text = exercise, doc_text()
+    view, prefix, picked = e.view, e.prefix, e.picked
     error = view.rankings["kv-error"].double()
     assert error[:prefix].sum() / error.sum() < 1e-6  # the prefix is exact: float rounding only
     answer = next(s for s in view.segments if s["name"] == "agent_2_current")
     mass = 100 * error[answer["start"] : answer["stop"]].sum() / error.sum()
     assert f"(rows {answer['start']}-{answer['stop'] - 1}) holds {mass:.0f}% of the error mass" in text
-    lanes = microscope.picks(view, len(picked), chunk)
+    lanes = microscope.picks(view, len(picked), e.chunk)
     searched = lanes.pop("searched")
     assert sorted(lanes["draft"]) == picked and len(lanes) == 11 and "of the eleven" in text
     found = view.searched[len(picked)]
@@ -174,6 +204,7 @@ def test_the_exercises_answers_are_the_committed_inspections():
     def cover(name):
         return f"{100 * error[torch.tensor(lanes[name])].sum() / error.sum():.0f}%"
 
+    on_prefix = sum(r < prefix for r in picked)
     assert f"puts {on_prefix} of its {len(picked)} rows on the prefix and covers {cover('draft')} of the error" in text
     assert cover("kv-error") == cover("cacheblend:layer=3")
     assert (
@@ -181,7 +212,7 @@ def test_the_exercises_answers_are_the_committed_inspections():
     )
 
     def answer_of(name):
-        return view.answers[(tuple(lanes[name]), saved.parameters["max_new_tokens"])]
+        return view.answers[(tuple(lanes[name]), e.saved.parameters["max_new_tokens"])]
 
     assert " ".join(answer_of("kv-error").split()).startswith("The other agents: Tom: Tom:")
     assert f'Dense\'s "{view.dense_text}"' in text
