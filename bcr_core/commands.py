@@ -66,7 +66,7 @@ def cmd_run(args) -> int:
     from bcr_core.analysis.summary import no_reuse_note, write_summary
     from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
-    from bcr_core.record_files import read_records
+    from bcr_core.run_folder import RunFolder
     from bcr_core.runs.cell import RunSettings
     from bcr_core.runs.run_settings import RUN
     from bcr_core.runs.runner import run_cell
@@ -78,7 +78,7 @@ def cmd_run(args) -> int:
     cell = run.cell()  # every setting and condition checked before the model loads
     items = run_cell(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True, batch=run.batch)
     code = print_table(write_summary(items, args.reference, args.out), args, digits=3)
-    note = no_reuse_note(read_records(args.out / "calls.jsonl"), cell.n)
+    note = no_reuse_note(RunFolder(args.out).calls(), cell.n)
     if note:
         print(f"bcr run: {note}", file=sys.stderr)
     return code
@@ -88,7 +88,7 @@ def cmd_arena(args) -> int:
     from bcr_core.arena.measures import arena_frame, selector_table
     from bcr_core.arena.run import make_arena_cell, run_arena
     from bcr_core.engine.loading import load_backbone
-    from bcr_core.record_files import read_calls
+    from bcr_core.run_folder import RunFolder
 
     cell = make_arena_cell(
         args.n,
@@ -109,7 +109,7 @@ def cmd_arena(args) -> int:
         args.dtype,
     )
     run_arena(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True)
-    calls = read_calls(args.out / "calls.jsonl")
+    calls = RunFolder(args.out).calls()
     if not any(c.get("arena") for c in calls):
         print(
             f"bcr arena: no call of these {args.n} items was served from an assembled cache (KVComm's anchor pool "
@@ -137,11 +137,11 @@ def cmd_arena_merge(args) -> int:
 def cmd_arena_deepen(args) -> int:
     from bcr_core.arena.deepen import continued, deepen, deepened_cell
     from bcr_core.engine.loading import load_backbone
-    from bcr_core.record_files import read_calls
+    from bcr_core.run_folder import RunFolder
 
     cell = deepened_cell(args.source, args.evals)  # the cap checked before the model loads
     deepen(load_backbone(cell.model, cell.dtype), args.source, args.out, args.evals)
-    return print_table(continued(read_calls(args.out / "calls.jsonl")), args, digits=4)
+    return print_table(continued(RunFolder(args.out).calls()), args, digits=4)
 
 
 def cmd_calibrate(args) -> int:
@@ -323,8 +323,8 @@ def cmd_explore(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from bcr_core.record_files import export, read_records
-    from bcr_core.runs.run_files import unfinished
+    from bcr_core.run_folder import export, read_records
+    from bcr_core.runs.run_writer import unfinished
 
     items = export(args.run_dir, args.out)
     calls = len(read_records(args.out / "calls.jsonl.gz"))

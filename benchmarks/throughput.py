@@ -42,10 +42,10 @@ import pandas as pd
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.batching import BatchDecoder
 from bcr_core.engine.memory import keep_freed_memory
-from bcr_core.record_files import committed, read_calls, read_records
 from bcr_core.reuse.calls import Server
 from bcr_core.reuse.segments import SegmentCaches
 from bcr_core.reuse.servers import KVCommServer
+from bcr_core.run_folder import committed, read_calls, read_records
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import SharedReference, run_cell
 

@@ -22,8 +22,8 @@ from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main
 from bcr_core.engine.kv import KV
 from bcr_core.errors import UsageError
-from bcr_core.record_files import read_calls, read_jsonl
 from bcr_core.repair.selectors import CacheBlendSelector
+from bcr_core.run_folder import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.runner import run_cell
 from tests.conftest import random_ids, record_differences

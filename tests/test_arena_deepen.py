@@ -17,7 +17,7 @@ from bcr_core.arena.deepen import capped, continued, deepen, shares_before_after
 from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main
 from bcr_core.errors import UsageError
-from bcr_core.record_files import read_jsonl
+from bcr_core.run_folder import read_jsonl
 from tests.test_arena import IDS, M, assembled  # noqa: F401  (the shared fixture)
 from tests.test_arena_search import CHUNK, arena_call, dense, entry, kl_by_hand  # noqa: F401
 

@@ -15,7 +15,7 @@ from bcr_core.arena import ceiling, measures, search
 from bcr_core.arena.copies import PAIRED, ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import make_entries
 from bcr_core.arena.run import make_arena_cell, run_arena
-from bcr_core.record_files import read_jsonl
+from bcr_core.run_folder import read_jsonl
 from tests.test_arena import IDS, SPANS, M, assembled  # noqa: F401  (the shared fixture)
 
 CHUNK, TOKENS = 8, 4
@@ -175,7 +175,7 @@ def test_on_an_arena_runs_records_the_searched_kl_is_at_most_every_selectors(tin
 def test_in_the_committed_records_no_selector_leaves_less_kl_than_the_searched_set(folder):
     """Every committed call and budget: no selector's set at the searched set's row count leaves less KL."""
     from bcr_core.paths import RESULTS
-    from bcr_core.record_files import read_calls
+    from bcr_core.run_folder import read_calls
 
     calls = [c for c in read_calls(RESULTS / folder / "calls.jsonl") if "arena" in c]
     assert len(calls) > 40

@@ -13,7 +13,7 @@ from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.arena.shards import merge
 from bcr_core.cli import main
 from bcr_core.errors import UsageError
-from bcr_core.record_files import read_jsonl
+from bcr_core.run_folder import read_jsonl
 from tests.conftest import record_differences
 
 SETTINGS = dict(agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft,coin:seed=0")

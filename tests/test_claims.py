@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core import record_files
+from bcr_core import run_folder
 from bcr_core.analysis import claims, claims_grid, claims_report, inference, line, protocol, tax
 from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.errors import UsageError
@@ -289,7 +289,7 @@ def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_c
         item_seed=7,
     )
     run_cell(tiny_chat, cell, tmp_path / "run", progress=False)
-    assert record_files.export(tmp_path / "run", tmp_path / "results" / "cell") == 18
+    assert run_folder.export(tmp_path / "run", tmp_path / "results" / "cell") == 18
     with gzip.open(tmp_path / "results" / "cell" / "calls.jsonl.gz", "rt") as f:
         compact = [json.loads(line) for line in f]
     full = [json.loads(line) for line in (tmp_path / "run" / "calls.jsonl").read_text().splitlines()]
@@ -309,7 +309,7 @@ def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_c
     assert len(items) == 18 and len(calls) == len(full) and set(items["run"]) == {"cell"}
     table = condition_table(items, "kvcomm:gamma=1", conditions=list(cell.conditions), calls=calls, groups=GRID)
     assert table.set_index("condition").loc["dense", "agrees_dense"] == 1.0
-    record_files.export(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
+    run_folder.export(tmp_path / "run", tmp_path / "results" / "again")  # the same condition twice
     with pytest.raises(UsageError, match=r"holds \S+ on item \S+ in more than one run \(again, cell\)"):
         claims_grid.load_runs(tmp_path / "results")
 
@@ -350,7 +350,7 @@ def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
     conditions = ("bcr-chunk:chunk=16", "coin-chunk:chunk=16,seed=0")
     cell = replace(Cell.from_record(committed), conditions=conditions, n=5, fidelity=False)
     run_cell(real, cell, tmp_path, progress=False)
-    fresh = [record_files.committed(c) for c in record_files.read_records(tmp_path / "calls.jsonl")]
+    fresh = [run_folder.committed(c) for c in run_folder.read_records(tmp_path / "calls.jsonl")]
     with gzip.open(RESULTS / "claims" / "a" / "calls.jsonl.gz", "rt") as f:
         wanted = {
             (c["condition"], c["item_id"], c["node"]): c for c in map(json.loads, f) if c["condition"] in conditions

@@ -14,7 +14,7 @@ from bcr_core.engine.models import resolve_dtype
 from bcr_core.errors import UsageError
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.grid_file import read_grid
-from bcr_core.runs.run_files import check_folder, identity
+from bcr_core.runs.run_writer import check_folder, identity
 from bcr_core.runs.runner import run_cell
 
 

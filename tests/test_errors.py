@@ -89,7 +89,7 @@ def test_mistakes_a_user_can_fix_are_one_line(argv, message, tmp_path, capsys):
 def test_a_damaged_cell_json_among_the_lab_s_runs_is_an_error_naming_it(tmp_path, text, holds):
     """The lab's search for earlier runs reads every `cell.json` as the runner does: a damaged one is
     refused, naming the file, not skipped (a skipped run would be silently recomputed)."""
-    from bcr_core.lab.comparisons import find_runs
+    from bcr_core.run_folder import run_folders
 
     (tmp_path / "good").mkdir()
     (tmp_path / "good" / "cell.json").write_text('{"n": 4}')
@@ -98,9 +98,9 @@ def test_a_damaged_cell_json_among_the_lab_s_runs_is_an_error_naming_it(tmp_path
     with pytest.raises(
         UsageError, match=rf"damaged/cell.json should hold a run's settings as a JSON object, but holds {holds}"
     ):
-        find_runs(tmp_path)
+        run_folders(tmp_path)
     (tmp_path / "damaged" / "cell.json").unlink()
-    assert find_runs(tmp_path) == [(tmp_path / "good", {"n": 4})]
+    assert [(run.path, run.settings) for run in run_folders(tmp_path)] == [(tmp_path / "good", {"n": 4})]
 
 
 def test_two_arena_folders_of_one_model_are_a_user_error_not_a_value_error():

@@ -21,7 +21,7 @@ import pytest
 import bcr_core
 from bcr_core.cli import main
 from bcr_core.errors import UsageError
-from bcr_core.record_files import export
+from bcr_core.run_folder import export
 
 CELL = '{"benchmark": "synthetic", "model": "default", "n": 2}\n'
 SEGMENTS = [  # rows 0-3 the agent's exact prefix, 4-7 a placeholder's value, 8-9 the text after it
@@ -174,7 +174,7 @@ def test_report_arena_prints_the_tables_docs_results_shows():
 # ------------------------------------------------------------------ faults while writing: the earlier export stays
 
 ROOT = Path(bcr_core.__file__).resolve().parent.parent  # the bcr_core under test, for the subprocesses
-PREAMBLE = "import sys\nfrom bcr_core import cli\nimport bcr_core.record_files, bcr_core.runs.run_files\n"
+PREAMBLE = "import sys\nfrom bcr_core import cli\nimport bcr_core.run_folder, bcr_core.runs.run_writer\n"
 
 
 def bcr(args: list, setup: str = "") -> subprocess.Popen:
@@ -251,7 +251,7 @@ def test_a_failed_export_leaves_the_earlier_export_as_it_was(earlier_export, fau
 
 SLOW_CALLS = """
 import pathlib, time
-real = bcr_core.record_files.write_gzip_jsonl
+real = bcr_core.run_folder.write_gzip_jsonl
 
 def rows_then_stall(rows):
     for number, row in enumerate(rows):
@@ -263,7 +263,7 @@ def rows_then_stall(rows):
 def stalling(path, rows, name):
     real(path, rows_then_stall(rows) if name == "calls.jsonl" else rows, name)
 
-bcr_core.record_files.write_gzip_jsonl = stalling
+bcr_core.run_folder.write_gzip_jsonl = stalling
 """
 
 

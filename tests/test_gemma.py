@@ -124,7 +124,7 @@ def test_a_rerun_of_the_first_items_reproduces_the_committed_gate_records(gemma,
     its first five items rerun under Dense, KVComm and OpenGate give the same answers, routes and gate
     decisions call by call (item 4 is the first whose calls reuse, so the anchor pool's warm-up is covered)."""
     from bcr_core.paths import RESULTS
-    from bcr_core.record_files import read_calls, read_records
+    from bcr_core.run_folder import read_calls, read_records
     from bcr_core.runs.cell import Cell
     from bcr_core.runs.runner import run_cell
 

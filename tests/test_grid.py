@@ -13,10 +13,10 @@ import torch
 
 import bcr_core
 from bcr_core import cli
-from bcr_core.record_files import count_lines
+from bcr_core.run_folder import count_lines
 from bcr_core.runs import grid, grid_folder, grid_ray
 from bcr_core.runs.grid_file import read_grid
-from bcr_core.runs.run_files import process_alive, read_jsonl
+from bcr_core.runs.run_writer import process_alive, read_jsonl
 
 TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 GRID = """

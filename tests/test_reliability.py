@@ -22,9 +22,9 @@ from bcr_core.engine import models
 from bcr_core.engine.architectures import ModelError
 from bcr_core.engine.assets import AssetError
 from bcr_core.errors import UsageError
-from bcr_core.runs import run_files, runner
+from bcr_core.runs import run_writer, runner
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.run_files import RunFiles
+from bcr_core.runs.run_writer import RunFiles
 from bcr_core.runs.runner import run_cell
 
 CELL = Cell(
@@ -424,7 +424,7 @@ TIMING = {"ttft_s_mean", "total_s", "ttft_s", "assembly_s"}
 
 
 def records(path):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in run_files.read_jsonl(path)]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in run_writer.read_jsonl(path)]
 
 
 def test_a_torn_item_line_is_redone_and_records_are_written_through_symlinks(tiny_chat, finished, tmp_path):
@@ -470,7 +470,7 @@ def test_gzipd_records_grid_files_and_prompts_name_the_file(finished, tmp_path):
     out = copied(finished, tmp_path)
     gzipped(out / CALLS, (finished / CALLS).read_text())
     with pytest.raises(UsageError, match=r"run/calls.jsonl is not UTF-8 text \(byte 1, it is gzip'd\); expected rec"):
-        run_files.read_jsonl(out / CALLS)
+        run_writer.read_jsonl(out / CALLS)
     (tmp_path / "grid.toml").write_bytes(b"[defaults]\nn = 2 # \xe9t\xe9\n")  # Latin-1
     with pytest.raises(UsageError, match=r"grid.toml is not UTF-8 text \(byte 19\); expected a grid file in TOML"):
         read_grid(tmp_path / "grid.toml")
@@ -520,7 +520,7 @@ def test_a_value_no_server_takes_names_the_condition(condition, message):
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG])  # a full disk; a file past the size limit
 def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished, tmp_path, monkeypatch, code):
-    real_append, appended = run_files.append_jsonl, []
+    real_append, appended = run_writer.append_jsonl, []
 
     def fill_up(path, rows):
         if len(appended) == 7:  # item 4's calls: half a line gets to disk, then the disk is full
@@ -530,11 +530,11 @@ def test_a_full_disk_says_so_and_keeps_every_finished_record(tiny_chat, finished
         appended.append(path)
         real_append(path, rows)
 
-    monkeypatch.setattr(run_files, "append_jsonl", fill_up)
+    monkeypatch.setattr(run_writer, "append_jsonl", fill_up)
     with pytest.raises(UsageError, match=rf"the disk is full \({os.strerror(code)}\) while appending item .*intact"):
         run_cell(tiny_chat, CELL, tmp_path, progress=False)
-    assert len(run_files.read_jsonl(tmp_path / ITEMS)) == 3
-    monkeypatch.setattr(run_files, "append_jsonl", real_append)
+    assert len(run_writer.read_jsonl(tmp_path / ITEMS)) == 3
+    monkeypatch.setattr(run_writer, "append_jsonl", real_append)
     run_cell(tiny_chat, CELL, tmp_path, progress=False)
     assert records(tmp_path / ITEMS) == records(finished / ITEMS)
     assert records(tmp_path / CALLS) == records(finished / CALLS)
@@ -547,20 +547,20 @@ def run_args(out, *more):
 
 
 def test_ctrl_c_says_how_many_items_are_kept_and_how_to_resume(tiny_chat, tmp_path, monkeypatch, capsys):
-    real_append = run_files.RunFiles.append
+    real_append = run_writer.RunFiles.append
 
     def interrupt_at_third(self, item, calls):
         if item["index"] == 1 and item["condition"] == "dense":
             raise KeyboardInterrupt
         real_append(self, item, calls)
 
-    monkeypatch.setattr(run_files.RunFiles, "append", interrupt_at_third)
+    monkeypatch.setattr(run_writer.RunFiles, "append", interrupt_at_third)
     monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model, dtype="auto": tiny_chat)
     assert main(run_args(tmp_path / "r")) == 130
     err = capsys.readouterr().err.strip()  # the progress bar's lines, then one line
     assert err.splitlines()[-1] == "bcr run: interrupted after 3 items; rerun the same command to resume"
     assert "Traceback" not in err
-    assert len(run_files.read_jsonl(tmp_path / "r" / ITEMS)) == 3
+    assert len(run_writer.read_jsonl(tmp_path / "r" / ITEMS)) == 3
 
 
 def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_path, monkeypatch, capsys):
@@ -573,7 +573,7 @@ def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_pat
     args = run_args(tmp_path / "r")
     args[args.index("--n") + 1] = "1"
     assert main(args) == 0
-    reasons = Counter(c["reason"] for c in run_files.read_jsonl(tmp_path / "r" / CALLS) if c["reason"] != "dense")
+    reasons = Counter(c["reason"] for c in run_writer.read_jsonl(tmp_path / "r" / CALLS) if c["reason"] != "dense")
     assert set(reasons) <= {"no_anchors", "one_anchor"} and reasons
     shown = ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
     assert capsys.readouterr().err.splitlines()[-1] == (
@@ -587,14 +587,14 @@ def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_pat
 
 SLOW_APPEND = """
 import time
-from bcr_core.runs import run_files
-real_append = run_files.RunFiles.append
+from bcr_core.runs import run_writer
+real_append = run_writer.RunFiles.append
 
 def wait_then_append(self, item, calls):
     time.sleep(0.3)  # a run long enough to be stopped in the middle
     real_append(self, item, calls)
 
-run_files.RunFiles.append = wait_then_append
+run_writer.RunFiles.append = wait_then_append
 """
 
 
@@ -604,7 +604,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_rerun_gives_the_uninterrupte
 ):
     """What `kill`, systemd and SLURM send: the run keeps its finished items, says how to resume,
     exits 143; the same command then finishes it with the records an uninterrupted run writes."""
-    from bcr_core.record_files import count_lines
+    from bcr_core.run_folder import count_lines
 
     model = f"config:{tiny_config}"
     (tmp_path / "grid.toml").write_text(GRID.replace("[defaults]\n", f'[defaults]\nmodel = "{model}"\n'))
@@ -623,7 +623,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_rerun_gives_the_uninterrupte
         time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
-    kept = len(run_files.read_jsonl(folder(stopped) / ITEMS))
+    kept = len(run_writer.read_jsonl(folder(stopped) / ITEMS))
     assert process.returncode == 143 and 2 <= kept < 12
     assert err.splitlines()[-1] == f"bcr {command}: interrupted after {kept} items; rerun the same command to resume"
     assert "Traceback" not in err

@@ -7,7 +7,7 @@ import torch
 from bcr_core.analysis.stats import mcnemar_exact
 from bcr_core.analysis.summary import condition_table
 from bcr_core.errors import UsageError
-from bcr_core.runs import run_files, runner
+from bcr_core.runs import run_writer, runner
 from bcr_core.runs.cell import Cell, RunSettings
 from bcr_core.runs.runner import run_cell
 from bcr_core.setting_kinds import SettingError
@@ -31,7 +31,7 @@ def test_interrupted_run_resumes_to_the_same_records(tiny_chat, tmp_path, monkey
     whole = run_cell(tiny_chat, CELL, tmp_path / "whole", progress=False)
     assert len(whole) == 12 and set(whole["condition"]) == set(CELL.conditions)
 
-    real_append, appended = run_files.RunFiles.append, []
+    real_append, appended = run_writer.RunFiles.append, []
 
     def crash_after_five(self, item, calls):
         if len(appended) == 5:
@@ -39,15 +39,15 @@ def test_interrupted_run_resumes_to_the_same_records(tiny_chat, tmp_path, monkey
         appended.append(item)
         real_append(self, item, calls)
 
-    monkeypatch.setattr(run_files.RunFiles, "append", crash_after_five)
+    monkeypatch.setattr(run_writer.RunFiles, "append", crash_after_five)
     with pytest.raises(KeyboardInterrupt):
         run_cell(tiny_chat, CELL, tmp_path / "resumed", progress=False)
-    monkeypatch.setattr(run_files.RunFiles, "append", real_append)
+    monkeypatch.setattr(run_writer.RunFiles, "append", real_append)
     with open(tmp_path / "resumed" / "calls.jsonl", "a") as f:
         f.write('{"condition": "dense", "item_id": "torn')  # a write cut short by the crash
     resumed = run_cell(tiny_chat, CELL, tmp_path / "resumed", progress=False)
 
-    read = lambda name, d: strip(run_files.read_jsonl(tmp_path / d / name))
+    read = lambda name, d: strip(run_writer.read_jsonl(tmp_path / d / name))
     key = lambda r: (r["condition"], r["item_id"], r.get("node", ""))
     assert sorted(read("items.jsonl", "resumed"), key=key) == sorted(read("items.jsonl", "whole"), key=key)
     assert sorted(read("calls.jsonl", "resumed"), key=key) == sorted(read("calls.jsonl", "whole"), key=key)
@@ -141,7 +141,7 @@ def test_batched_runner_gives_the_tokens_of_batch_size_one(tiny_chat, tmp_path, 
     run_cell(tiny_chat, BATCHED, tmp_path / "one", progress=False)
     run_cell(tiny_chat, BATCHED, tmp_path / "many", progress=False, batch=batch)
     key = lambda r: (r["condition"], r["item_id"], r["node"])
-    calls = {d: sorted(strip(run_files.read_jsonl(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
+    calls = {d: sorted(strip(run_writer.read_jsonl(tmp_path / d / "calls.jsonl")), key=key) for d in ("one", "many")}
     assert len(calls["one"]) == 6 * 6 * 3
     assert calls["many"] == calls["one"]
     assert any(c["reason"] == "reuse" and c["repaired_rows"] for c in calls["one"])  # repairs were batched too
@@ -210,10 +210,10 @@ def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(t
     shutil.copy(RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json", old / "cell.json")
     conditions = committed["conditions"]
     same = Cell(benchmark="synthetic", agents=3, conditions=conditions, n=100, max_new_tokens=8, model="gemma-3-270m")
-    run_files.check_folder(old, same)  # the same run: no error
+    run_writer.check_folder(old, same)  # the same run: no error
     for changed in (dict(stop="line"), dict(prompt="one-shot")):
         with pytest.raises(UsageError, match="holds a run with other settings"):
-            run_files.check_folder(
+            run_writer.check_folder(
                 old,
                 Cell(
                     benchmark="synthetic",
@@ -229,7 +229,7 @@ def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(t
     new = Cell(
         benchmark="synthetic", agents=2, conditions=["dense"], n=2, max_new_tokens=4, prompt="one-shot", stop="line"
     )
-    files = run_files.RunFiles(tmp_path / "new", new)
+    files = run_writer.RunFiles(tmp_path / "new", new)
     files.settle()
     files.release()
     written = json.loads((tmp_path / "new" / "cell.json").read_text())
@@ -270,7 +270,7 @@ def test_every_committed_cell_json_reads_back_to_the_record_it_holds():
     for path in paths:
         found = json.loads(path.read_text())
         cell = (ArenaCell if "selectors" in found else Cell).from_record(found)
-        written = json.loads(json.dumps(run_files.identity(cell.record())))
+        written = json.loads(json.dumps(run_writer.identity(cell.record())))
         # an arena's selectors are relabelled by the registry (`oracle`, its old name, is `kv-error`)
         assert written.pop("selectors", None) is None or "selectors" in found
-        assert written == {k: v for k, v in run_files.identity(found).items() if k != "selectors"}, path
+        assert written == {k: v for k, v in run_writer.identity(found).items() if k != "selectors"}, path

@@ -13,7 +13,7 @@ from conftest import random_ids, record_differences
 from bcr_core.engine.batching import BatchDecoder
 from bcr_core.reuse.calls import Cached, Decode
 from bcr_core.reuse.fidelity import ForcedLogProbs, teacher_forced_kl
-from bcr_core.runs import run_files
+from bcr_core.runs import run_writer
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.lanes import Unit, run_lanes
 from bcr_core.runs.runner import run_cell
@@ -45,7 +45,7 @@ def counted(monkeypatch, owner, name):
 
 def records(folder):
     key = lambda r: (r["condition"], r["item_id"], r["node"])  # noqa: E731
-    rows = run_files.read_jsonl(folder / "calls.jsonl")
+    rows = run_writer.read_jsonl(folder / "calls.jsonl")
     return sorted(({k: v for k, v in r.items() if k not in TIMING} for r in rows), key=key)
 
 
@@ -128,7 +128,7 @@ def test_the_committed_cell_a_items_come_out_the_same_with_all_sharing_on(real, 
     assembled cache) at batch size 8 with --fidelity, decodes and measurements shared and prefills
     extended from the longest kept prefix: every call's tokens, route, gate decisions, repaired rows
     and fidelity as committed (floats within the suite's tolerance)."""
-    from bcr_core import record_files
+    from bcr_core import run_folder
     from bcr_core.paths import RESULTS
 
     folder = RESULTS / "claims" / "a"
@@ -137,10 +137,10 @@ def test_the_committed_cell_a_items_come_out_the_same_with_all_sharing_on(real, 
     assert set(conditions) <= set(committed["conditions"])
     cell = replace(Cell.from_record(committed), conditions=conditions, n=5, fidelity=True)
     run_cell(real, cell, tmp_path, progress=False, batch=8, prefix_prefills=True)
-    fresh = [record_files.committed(c) for c in record_files.read_records(tmp_path / "calls.jsonl")]
+    fresh = [run_folder.committed(c) for c in run_folder.read_records(tmp_path / "calls.jsonl")]
     wanted = {
         (c["condition"], c["item_id"], c["node"]): c
-        for c in record_files.read_records(folder / "calls.jsonl")
+        for c in run_folder.read_records(folder / "calls.jsonl")
         if c["condition"] in conditions
     }
     keys = ("reason", "output_tokens", "rows_recomputed", "rows_wasted", "skipped", "decisions", "segment_map")

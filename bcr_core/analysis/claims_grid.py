@@ -14,7 +14,7 @@ import pandas as pd
 
 from bcr_core.conditions import condition
 from bcr_core.errors import UsageError
-from bcr_core.record_files import read_calls, read_records
+from bcr_core.run_folder import run_folders
 
 GATE = "gate"  # the gate sweep's run folder: its own Dense and KVComm, read apart from the main grid
 # The gate sweep on items of an item seed no run had read, with gamma settings between KVComm and
@@ -29,12 +29,12 @@ def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.Data
     in `skip`. Each comparison pairs its own conditions by item id (`paired`), so folders may hold
     different items."""
     items, calls = [], []
-    for settings in sorted(Path(folder).rglob("cell.json")):
-        run = settings.parent.relative_to(folder).as_posix()
+    for found in run_folders(folder):
+        run = found.path.relative_to(folder).as_posix()
         if run in skip:
             continue
-        items += [r | {"run": run} for r in read_records(settings.parent / "items.jsonl")]
-        calls += read_calls(settings.parent / "calls.jsonl")
+        items += [r | {"run": run} for r in found.items()]
+        calls += found.calls()
     if not items:
         raise UsageError(f"no run records under {folder}")
     items = pd.DataFrame(items)

@@ -11,7 +11,6 @@ tests (difference and equivalence) of the two models' per-item values (`bcr_core
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, MIN_EFFECT, REPAIR
 from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS, all_written_whole
+from bcr_core.run_folder import RunFolder, run_folders
 
 POINTS = {"agrees_dense", "correct", "gap share"}
 LINE_CLAIM = "the gate only slides along Equation 3's line"
@@ -83,10 +83,10 @@ def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:
 def check_not_arena(folder: Path) -> None:
     """A claims folder holds runs in its subfolders; an arena's run folder is refused, naming its report."""
     try:
-        settings = json.loads((folder / "cell.json").read_text())
-    except (OSError, ValueError):  # no run's settings here: the claims' own reading says what is missing
+        arena = RunFolder(Path(folder)).is_arena
+    except UsageError:  # no readable run's settings here: the claims' own reading says what is missing
         return
-    if isinstance(settings, dict) and "selectors" in settings:
+    if arena:
         raise UsageError(
             f"{folder} is an arena folder (its cell.json names selectors), not a claims folder: "
             f"run `bcr report arena {folder}`"
@@ -190,7 +190,7 @@ MODEL_NAMES = {"default": "SmolLM2-135M", "gemma-3-270m": "Gemma 3 270M"}
 
 def model_of(folder) -> str:
     """The model a claims folder's runs were served by (every run of it must agree)."""
-    models = {json.loads(p.read_text()).get("model", "default") for p in sorted(Path(folder).rglob("cell.json"))}
+    models = {run.model for run in run_folders(folder)}
     if len(models) != 1:
         raise UsageError(f"{folder}: runs of {len(models)} models ({', '.join(sorted(models))}); expected one")
     (model,) = models

@@ -35,10 +35,10 @@ from bcr_core.conditions import make_server, parse
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
-from bcr_core.record_files import read_calls, read_records
 from bcr_core.reuse.calls import drive
 from bcr_core.reuse.segments import predicted_rows
-from bcr_core.runs.run_files import RunFiles, read_settings
+from bcr_core.run_folder import CALLS, RunFolder, read_records
+from bcr_core.runs.run_writer import RunFiles
 from bcr_core.runs.runner import Interrupted
 
 # the searched set measured again gives its recorded KL (same code, same model) to within this share
@@ -57,7 +57,7 @@ def capped(call: dict) -> list[str]:
 
 def deepened_cell(source: Path, evals: int) -> ArenaCell:
     """The source run's settings, its ceiling relabelled `searched:evals=E`."""
-    cell = ArenaCell.from_record(read_settings(Path(source) / "cell.json"))
+    cell = ArenaCell.from_record(RunFolder(Path(source)).settings)
     ceilings = [label for label in cell.selectors if is_searched(label)]
     if not ceilings:
         raise UsageError(f"{source} ran no `searched` ceiling, so there is no search to continue")
@@ -71,9 +71,9 @@ def deepened_cell(source: Path, evals: int) -> ArenaCell:
 def source_records(source: Path, cell: ArenaCell) -> tuple[dict, dict]:
     """The source run's item records and call records, keyed by item id (calls in their order)."""
     condition = cell.conditions[0]
-    items = {r["item_id"]: r for r in read_records(Path(source) / "items.jsonl") if r["condition"] == condition}
+    items = {r["item_id"]: r for r in RunFolder(Path(source)).items() if r["condition"] == condition}
     calls: dict[str, list[dict]] = {}
-    for call in read_records(Path(source) / "calls.jsonl"):
+    for call in read_records(Path(source) / CALLS):  # as recorded: they are replayed and copied
         calls.setdefault(call["item_id"], []).append(call)
     if len(items) < cell.n:
         raise UsageError(f"{source} holds {len(items)} of its {cell.n} items; finish the arena run first")
@@ -221,9 +221,9 @@ def continued(calls: list[dict]) -> pd.DataFrame:
 def shares_before_after(source: Path, out: Path) -> pd.DataFrame:
     """Each selector's share of the ceiling's gain at BCR-chunk's count, against the run's ceiling
     and against the deepened one, on the items the deepened folder holds."""
-    deeper = read_calls(Path(out) / "calls.jsonl")
+    deeper = RunFolder(Path(out)).calls()
     held = {c["item_id"] for c in deeper}
-    first = [c for c in read_calls(Path(source) / "calls.jsonl") if c["item_id"] in held]
+    first = [c for c in RunFolder(Path(source)).calls() if c["item_id"] in held]
     table = lambda calls: gap_share(arena_frame(calls))[1].set_index("selector")[["gap_share", "lo", "hi"]]  # noqa: E731
     before, after = table(first), table(deeper)
     before.index, after.index = before.index.map(plain), after.index.map(plain)

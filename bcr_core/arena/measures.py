@@ -254,8 +254,8 @@ def read_arena(folder) -> pd.DataFrame:
     11, a folder without records says how to make them there (`bcr report arena` says it its own way)."""
     from pathlib import Path
 
-    from bcr_core.record_files import read_calls
+    from bcr_core.run_folder import RunFolder
 
     if not has_records(folder):
         raise UsageError(f"no arena records under {folder}: set fresh = True to run the arena into results_dir")
-    return arena_frame(read_calls(Path(folder) / "calls.jsonl"))
+    return arena_frame(RunFolder(Path(folder)).calls())

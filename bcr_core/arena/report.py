@@ -17,7 +17,7 @@ from bcr_core.analysis.claims_report import model_of, p_texts, transfer, transfe
 from bcr_core.arena import ceiling, measures
 from bcr_core.arena.copies import PAIRED
 from bcr_core.errors import UsageError
-from bcr_core.record_files import read_calls
+from bcr_core.run_folder import RunFolder
 
 
 def selector_markdown(frame: pd.DataFrame, bound: str = "") -> str:
@@ -189,7 +189,7 @@ def ceiling_markdown(calls: list[dict]) -> str:
 def markdown(folder) -> str:
     frame = measures.read_arena(folder)
     searched = frame["selector"].map(measures.is_searched).any()
-    calls = read_calls(Path(folder) / "calls.jsonl") if searched else []
+    calls = RunFolder(Path(folder)).calls() if searched else []
     parts = [selector_markdown(frame, bound_line(calls) if searched else ""), frontier_markdown(frame)]
     parts += [ceiling_markdown(calls) if searched else "", verdict_markdown(frame)]
     return "\n\n".join(p for p in parts if p)

@@ -33,7 +33,7 @@ from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.run_files import RunFiles
+from bcr_core.runs.run_writer import RunFiles
 from bcr_core.runs.runner import Interrupted, SharedReference, item_record
 
 RHOS = (0.05, 0.1, 0.2, 0.4)

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
-from bcr_core.record_files import read_jsonl, rewrite_jsonl
-from bcr_core.runs.run_files import read_settings
+from bcr_core.run_folder import read_jsonl, read_settings, rewrite_jsonl
 
 TIMINGS = ("ttft_s", "total_s", "assembly_s", "ttft_s_mean")  # seconds: they differ between processes
 MEASURED = "arena"  # the field only the measuring lane holds

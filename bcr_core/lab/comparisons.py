@@ -23,10 +23,10 @@ from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
-from bcr_core.record_files import read_calls, read_jsonl
+from bcr_core.run_folder import read_calls, read_jsonl, run_folders
 from bcr_core.runs.cell import Cell, RunSettings
-from bcr_core.runs.run_files import LATER_SETTINGS, read_settings
 from bcr_core.runs.run_settings import served_dtype, settings_record
+from bcr_core.runs.run_writer import LATER_SETTINGS
 from bcr_core.runs.runner import run_cell
 
 # A run's settings a comparison leaves to each of its conditions' runs (and how they run).
@@ -70,7 +70,7 @@ class Comparison(settings_record("ComparisonFields", leave_out=NOT_COMPARED)):
     def matches(self, settings: dict) -> bool:
         """Whether a run folder's `cell.json` holds these settings with at least n items: every field
         of the cell this comparison runs (a setting added later read at its earlier value,
-        `run_files.LATER_SETTINGS`) but those a comparison leaves open (`OPEN`)."""
+        `run_writer.LATER_SETTINGS`) but those a comparison leaves open (`OPEN`)."""
         theirs = LATER_SETTINGS | settings | {"extra": settings.get("extra") or {}}
         mine = self.cell(["dense"]).record()
         return all(theirs.get(k) == v for k, v in mine.items() if k not in OPEN) and int(settings.get("n", 0)) >= self.n
@@ -99,20 +99,6 @@ class Runs:
         return pd.DataFrame([{"condition": c, "folder": str(p)} for c, p in self.sources.items()])
 
 
-def find_runs(results_dir) -> list[tuple[Path, dict]]:
-    """Every run folder under `results_dir` (a folder holding `cell.json`), with its settings."""
-    root = Path(results_dir)
-    if not root.exists():
-        return []
-    found = []
-    for settings in sorted(root.rglob("cell.json")):  # a damaged one is an error naming it, like any record
-        try:
-            found.append((settings.parent, read_settings(settings)))
-        except OSError as err:
-            raise UsageError(f"{settings}: cannot read a run's settings ({err.strerror})") from None
-    return found
-
-
 def finished_records(folder: Path, condition: str, n: int) -> tuple[list[dict], list[dict]] | None:
     """The first n items of `condition` in a run folder and their calls, or None if any is missing."""
     items = [r for r in read_jsonl(folder / "items.jsonl") if r.get("condition") == condition and r["index"] < n]
@@ -137,15 +123,15 @@ def collect(
     for condition in labels:
         found = None
         wanted = parse(condition).settings
-        for folder, settings in find_runs(results_dir):
-            if not comparison.matches(settings):
+        for run in run_folders(results_dir):
+            if not comparison.matches(run.settings):
                 continue
-            recorded = next((c for c in settings.get("conditions", []) if parse(c).settings == wanted), None)
-            found = None if recorded is None else finished_records(folder, recorded, comparison.n)
+            recorded = next((c for c in run.settings.get("conditions", []) if parse(c).settings == wanted), None)
+            found = None if recorded is None else finished_records(run.path, recorded, comparison.n)
             if found is not None:
                 relabel = {"condition": condition}  # the label this notebook asked for
                 found = ([r | relabel for r in found[0]], [c | relabel for c in found[1]])
-                sources[condition] = folder
+                sources[condition] = run.path
                 break
         if found is None:
             folder = results_dir / comparison.slug / safe_name(condition)

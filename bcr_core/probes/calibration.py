@@ -26,8 +26,8 @@ from bcr_core.data.roles import PROMPTS
 from bcr_core.engine.stopping import RULES
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
-from bcr_core.record_files import append_jsonl, numbered_jsonl, rewrite_jsonl
 from bcr_core.reuse.servers import DenseServer
+from bcr_core.run_folder import append_jsonl, numbered_jsonl, rewrite_jsonl
 from bcr_core.setting_kinds import differences
 
 CANDIDATES = tuple((prompt, stop) for prompt in PROMPTS for stop in RULES)

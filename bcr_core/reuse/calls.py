@@ -59,7 +59,7 @@ def wasted_rows(segment_map: list[dict], cached_rows: int, repaired_rows: list[i
 class CallRecord:
     """What serving one call did. Built by the server that served it, with keyword arguments; it
     stores nothing another field implies: `mode` and the row counts are properties (and
-    `record_files.derive` gives a reader of the stored dict the same), and which ids were served follows
+    `run_folder.derive` gives a reader of the stored dict the same), and which ids were served follows
     from the condition (Dense the chat template's, every other the reuse path's)."""
 
     node: str

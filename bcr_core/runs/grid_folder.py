@@ -12,7 +12,7 @@ import pandas as pd
 from bcr_core.analysis.summary import condition_table
 from bcr_core.errors import UsageError
 from bcr_core.runs.grid_file import GridCell, GridError
-from bcr_core.runs.run_files import check_folder, read_items
+from bcr_core.runs.run_writer import check_folder, read_items
 
 
 def items_done(grid_cell: GridCell, out: Path) -> int:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from bcr_core.errors import UsageError
-from bcr_core.record_files import count_lines
+from bcr_core.run_folder import count_lines
 from bcr_core.runs.grid_file import GridCell, GridError
 from bcr_core.runs.grid_folder import check_folders, items_done, lock_holder
 from bcr_core.runs.grid_task import run_grid_cell

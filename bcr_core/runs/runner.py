@@ -28,7 +28,7 @@ from bcr_core.reuse.segments import PrefixPrefills, SharedPrefills, share_segmen
 from bcr_core.reuse.servers import DenseServer
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.lanes import Unit, run_lanes
-from bcr_core.runs.run_files import RunFiles
+from bcr_core.runs.run_writer import RunFiles
 
 
 class Interrupted(KeyboardInterrupt):

@@ -15,8 +15,16 @@ import pandas as pd
 from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
-from bcr_core.paths import process_alive, utf8_text, write_text_whole
-from bcr_core.record_files import append_jsonl, count_lines, derive, numbered_jsonl, read_jsonl, rewrite_jsonl
+from bcr_core.paths import process_alive, write_text_whole
+from bcr_core.run_folder import (
+    append_jsonl,
+    count_lines,
+    derive,
+    numbered_jsonl,
+    read_jsonl,
+    read_settings,
+    rewrite_jsonl,
+)
 from bcr_core.runs.cell import Cell
 from bcr_core.setting_kinds import differences
 
@@ -81,7 +89,7 @@ class RunFiles:
     def finished(
         self, item_ids: list[str], nodes: list[str], stateful: set[str] = frozenset()
     ) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
-        """The finished items and their calls (each with its implied fields, `record_files.derive`), keyed
+        """The finished items and their calls (each with its implied fields, `run_folder.derive`), keyed
         by (condition, item id).
 
         `append` writes an item's calls (synced) before its item line, so a crash can leave only a
@@ -256,20 +264,6 @@ def check_folder(out: Path, cell: Cell) -> None:
             f"{out} holds records but no cell.json, so their settings are unknown; "
             "use another --out, or delete the records"
         )
-
-
-def read_settings(path: Path) -> dict:
-    """A run's `cell.json`: a JSON object, else an error naming the file."""
-    try:
-        found = json.loads(utf8_text(path, "a run's settings as a JSON object"))
-    except json.JSONDecodeError:
-        found = "text that is not JSON"
-    if not isinstance(found, dict):
-        shown = found if isinstance(found, str) else f"a {type(found).__name__}"
-        raise UsageError(
-            f"{path} should hold a run's settings as a JSON object, but holds {shown}; restore it, or use another --out"
-        )
-    return found
 
 
 # Settings added after runs were committed, at the value every earlier run had: a folder written before

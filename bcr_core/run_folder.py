@@ -1,5 +1,7 @@
-"""The on-disk records: JSON lines, appended and synced one item at a time, read back with a torn
-last line dropped (a crash's only possible damage), from a file or its `.gz` twin.
+"""A run folder on disk and its one reader: the settings (`cell.json`), and the records as JSON lines,
+appended and synced one item at a time, read back with a torn last line dropped (a crash's only
+possible damage), from a file or its `.gz` twin. `RunFolder` reads one folder, `run_folders` finds
+every one under a folder; the runner's writing side is `bcr_core.runs.run_writer`.
 
 A call record (`reuse.calls.CallRecord.to_dict`) stores only what nothing else in it implies. A
 reader gets the implied fields back from `derive`, the one place they are computed:
@@ -20,6 +22,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from bcr_core.errors import UsageError
@@ -27,6 +31,61 @@ from bcr_core.paths import all_written_whole, utf8_text, written_whole
 from bcr_core.reuse.calls import mode_of, wasted_rows
 
 ID_LISTS = ("dense_ids", "merged_ids", "repaired_rows")  # left out of committed records
+SETTINGS, ITEMS, CALLS = "cell.json", "items.jsonl", "calls.jsonl"  # a run folder's files (`.gz` once committed)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run folder: its settings, items and calls (each call with its implied fields, `derive`),
+    read from the files a run writes or from their committed `.gz` twins."""
+
+    path: Path
+
+    @cached_property
+    def settings(self) -> dict:
+        try:
+            return read_settings(self.path / SETTINGS)
+        except OSError as err:
+            raise UsageError(f"{self.path / SETTINGS}: cannot read a run's settings ({err.strerror})") from None
+
+    @property
+    def model(self) -> str:
+        return self.settings.get("model", "default")
+
+    @property
+    def is_arena(self) -> bool:
+        """An arena's folder names selectors where a run's names conditions."""
+        return "selectors" in self.settings
+
+    def items(self) -> list[dict]:
+        return read_records(self.path / ITEMS)
+
+    def calls(self) -> list[dict]:
+        return read_calls(self.path / CALLS)
+
+
+def run_folders(root) -> list[RunFolder]:
+    """Every run folder under `root` (one holding `cell.json`), in path order; none if `root` is missing.
+    A damaged or unreadable `cell.json` is an error naming it, not a folder skipped (a skipped run would
+    be silently recomputed)."""
+    folders = [RunFolder(settings.parent) for settings in sorted(Path(root).rglob(SETTINGS))]
+    for folder in folders:
+        _ = folder.settings  # read now: a damaged one is an error here, not wherever it is first used
+    return folders
+
+
+def read_settings(path: Path) -> dict:
+    """A run's `cell.json`: a JSON object, else an error naming the file."""
+    try:
+        found = json.loads(utf8_text(path, "a run's settings as a JSON object"))
+    except json.JSONDecodeError:
+        found = "text that is not JSON"
+    if not isinstance(found, dict):
+        shown = found if isinstance(found, str) else f"a {type(found).__name__}"
+        raise UsageError(
+            f"{path} should hold a run's settings as a JSON object, but holds {shown}; restore it, or use another --out"
+        )
+    return found
 
 
 def read_jsonl(path: Path) -> list[dict]:
