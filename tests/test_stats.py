@@ -14,10 +14,10 @@ from bcr_core.analysis.stats import (
     discordant,
     line_residuals,
     mcnemar_exact,
-    paired_table,
     reuse_accuracy_line,
     wilson_ci,
 )
+from bcr_core.analysis.summary import condition_table
 from bcr_core.errors import UsageError
 
 # ---------------------------------------------------------------- reference formulas
@@ -251,13 +251,15 @@ def test_line_residuals_errors():
         line_residuals([("a", 1.5, 0.7)], 0.8, 0.6, 1.0)
 
 
-# ---------------------------------------------------------------- paired_table
+# ---------------------------------------------------------------- the paired split of condition_table
 
 
 def tidy(columns: dict[str, list[bool]]) -> pd.DataFrame:
     """Tidy records from {condition: per-item correctness}, item ids 0..n-1."""
     rows = [
-        {"item_id": i, "condition": cond, "correct": v} for cond, vals in columns.items() for i, v in enumerate(vals)
+        {"item_id": i, "condition": cond, "correct": v, "final_text": str(v)}
+        for cond, vals in columns.items()
+        for i, v in enumerate(vals)
     ]
     return pd.DataFrame(rows)
 
@@ -265,23 +267,25 @@ def tidy(columns: dict[str, list[bool]]) -> pd.DataFrame:
 DENSE_COL = [True, True, True, True, False, True, False, True]
 KV_COL = [True, False, False, True, False, True, True, False]  # Dense-only: 1,2,7; KV-only: 6
 BCR_COL = [True, True, True, True, True, True, False, True]  # BCR-only: 4; Dense-only: none
+SPLIT_GROUPS = ("reference", "split")
 
 
-def test_paired_table_known_splits():
-    table = paired_table(tidy({"kvcomm": KV_COL, "dense": DENSE_COL, "bcr": BCR_COL}), "dense")
+def test_the_paired_split_on_known_records():
+    table = condition_table(tidy({"kvcomm": KV_COL, "dense": DENSE_COL, "bcr": BCR_COL}), "dense", groups=SPLIT_GROUPS)
     assert list(table.columns) == [
         "condition",
         "n",
         "accuracy",
         "wilson_lo",
         "wilson_hi",
+        "reference",
         "only_reference_right",
         "only_condition_right",
         "p_exact",
     ]
-    assert table["condition"].tolist() == ["dense", "kvcomm", "bcr"]
+    assert table["condition"].tolist() == ["kvcomm", "dense", "bcr"]
     assert table["n"].tolist() == [8, 8, 8]
-    assert table["accuracy"].tolist() == [6 / 8, 4 / 8, 7 / 8]
+    assert table["accuracy"].tolist() == [4 / 8, 6 / 8, 7 / 8]
     # Dense-only items: 1, 2, 7; KVComm-only: 6
     kv = table.set_index("condition").loc["kvcomm"]
     assert (kv["only_reference_right"], kv["only_condition_right"]) == (3, 1)
@@ -293,48 +297,31 @@ def test_paired_table_known_splits():
     assert (kv["wilson_lo"], kv["wilson_hi"]) == pytest.approx((lo, hi), abs=1e-10)
 
 
-def test_paired_table_reference_row_has_no_split():
-    table = paired_table(tidy({"dense": DENSE_COL, "kvcomm": KV_COL}), "dense")
+def test_the_reference_row_has_no_split():
+    table = condition_table(tidy({"dense": DENSE_COL, "kvcomm": KV_COL}), "dense", groups=SPLIT_GROUPS)
     ref = table.iloc[0]
     assert ref["condition"] == "dense"
     assert pd.isna(ref["only_reference_right"]) and pd.isna(ref["only_condition_right"])
     assert math.isnan(ref["p_exact"])
 
 
-def test_paired_table_ignores_row_order_and_custom_columns():
+def test_the_split_ignores_row_order():
     records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL}).sample(frac=1, random_state=3)
-    records = records.rename(columns={"item_id": "q", "condition": "arm", "correct": "ok"})
-    table = paired_table(records, "dense", value="ok", item="q", condition="arm")
-    kv = table.set_index("condition").loc["kvcomm"]
+    kv = condition_table(records, "dense", groups=SPLIT_GROUPS).set_index("condition").loc["kvcomm"]
     assert (kv["only_reference_right"], kv["only_condition_right"]) == (3, 1)
 
 
-def test_paired_table_rejects_unpaired_items():
-    records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
-    records = records[~((records["condition"] == "kvcomm") & (records["item_id"] == 5))]
-    with pytest.raises(UsageError, match="unpaired"):
-        paired_table(records, "dense")
-
-
-def test_paired_table_rejects_repeated_cells():
+def test_repeated_cells_are_refused_not_pooled():
     records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
     # The same items re-run in a second cell and stacked: must not be pooled.
     pooled = pd.concat([records, records], ignore_index=True)
-    with pytest.raises(ValueError, match="pooled"):
-        paired_table(pooled, "dense")
+    with pytest.raises(UsageError, match="32 records repeat an .item, condition. pair, e.g. item 0 of 'dense'"):
+        condition_table(pooled, "dense")
 
 
-def test_paired_table_other_errors():
-    records = tidy({"dense": DENSE_COL, "kvcomm": KV_COL})
-    with pytest.raises(UsageError, match="reference condition"):
-        paired_table(records, "bcr")
-    with pytest.raises(ValueError, match="lack columns"):
-        paired_table(records.drop(columns="correct"), "dense")
-    bad = records.copy()
-    bad["correct"] = bad["correct"].astype(object)
-    bad.loc[0, "correct"] = "yes"
-    with pytest.raises(ValueError, match="boolean"):
-        paired_table(bad, "dense")
+def test_an_unknown_reference_is_refused():
+    with pytest.raises(UsageError, match="bcr"):
+        condition_table(tidy({"dense": DENSE_COL, "kvcomm": KV_COL}), "bcr")
 
 
 def test_the_notebooks_line_is_the_one_the_claims_test():

@@ -4,23 +4,21 @@ Every comparison in the paper is paired: two conditions run the same items, and 
 discordant split b/c is reported before any p-value, with p from an exact two-sided
 McNemar test. Accuracies carry Wilson 95% intervals; continuous per-item measurements are
 tested in `inference` (sign-flip, bootstrap, equivalence). Repeated cells (the
-same items re-run under several agent counts) are never pooled into one test, so
-`paired_table` refuses records where an (item, condition) pair appears more than once.
+same items re-run under several agent counts) are never pooled into one test, so the one
+table built on these (`analysis.summary.condition_table`) refuses records where an (item, condition)
+pair appears more than once.
 
 All probability machinery comes from `scipy.stats`.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
-
-from bcr_core.errors import UsageError
 
 __all__ = [
     "mcnemar_exact",
@@ -29,7 +27,6 @@ __all__ = [
     "reuse_accuracy_line",
     "line_residuals",
     "paired_split",
-    "paired_table",
 ]
 
 
@@ -178,26 +175,6 @@ def line_residuals(
 # ---------------------------------------------------------------- paired table
 
 
-def _check_records(records: pd.DataFrame, value: str, item: str, condition: str) -> None:
-    """Raise ValueError unless records has the columns, boolean values and no repeats."""
-    missing = [col for col in (value, item, condition) if col not in records.columns]
-    if missing:
-        raise ValueError(f"records lack columns {missing}")
-    if records[[item, condition]].isna().any().any():
-        raise ValueError(f"records have missing {item!r} or {condition!r} values")
-    vals = records[value]
-    if vals.isna().any() or not vals.isin([True, False]).all():
-        raise ValueError(f"column {value!r} must be boolean (True/False) with no missing values")
-    dup = records.duplicated(subset=[item, condition], keep=False)
-    if dup.any():
-        example = records.loc[dup, [item, condition]].iloc[0].tolist()
-        raise ValueError(
-            f"{int(dup.sum())} rows repeat an ({item}, {condition}) pair, e.g. {example}; "
-            "repeated cells must not be pooled into one test (paper §4) - "
-            "split the records per cell first"
-        )
-
-
 SPLIT = ("only_reference_right", "only_condition_right")
 
 
@@ -210,54 +187,3 @@ def paired_split(reference: Iterable[object], condition: Iterable[object]) -> di
         "only_condition_right": only_condition,
         "p_exact": mcnemar_exact(only_reference, only_condition),
     }
-
-
-def paired_table(
-    records: pd.DataFrame,
-    reference: str,
-    value: str = "correct",
-    item: str = "item_id",
-    condition: str = "condition",
-) -> pd.DataFrame:
-    """Compare every condition with `reference` on tidy per-item records.
-
-    `records` holds one row per (item, condition) with a boolean `value` column, and
-    every condition must cover exactly the same items (paired design). One output row
-    per condition, the reference first, then the others in order of first appearance:
-    condition, n, accuracy (fraction), wilson_lo, wilson_hi (95%), only_reference_right,
-    only_condition_right, p_exact.
-
-    `only_reference_right` counts items the reference gets right and the row's condition
-    misses, `only_condition_right` the reverse; p_exact is the exact McNemar test on them.
-    The reference row has no split of its own: its counts are <NA> and p_exact is NaN,
-    like the paper's "-".
-    """
-    _check_records(records, value, item, condition)
-    conds = list(dict.fromkeys(records[condition].tolist()))
-    if reference not in conds:
-        raise UsageError(f"reference condition {reference!r} not in records: {conds}")
-    wide = records.pivot(index=item, columns=condition, values=value)
-    for cond in conds:
-        absent = wide[cond].isna()
-        if absent.any():
-            raise UsageError(
-                f"unpaired records: condition {cond!r} lacks {int(absent.sum())} of the "
-                f"{len(wide)} items, e.g. {item}={wide.index[absent][0]!r}; every "
-                "condition must run the same items"
-            )
-    wide = wide.astype(bool)
-    ref = wide[reference].to_numpy()
-    rows = []
-    for cond in [reference] + [c for c in conds if c != reference]:
-        col = wide[cond].to_numpy()
-        k, n = int(col.sum()), int(col.size)
-        lo, hi = wilson_ci(k, n)
-        if cond == reference:
-            split = {"only_reference_right": pd.NA, "only_condition_right": pd.NA, "p_exact": math.nan}
-        else:
-            split = paired_split(ref, col)
-        rows.append({"condition": cond, "n": n, "accuracy": k / n, "wilson_lo": lo, "wilson_hi": hi} | split)
-    table = pd.DataFrame(rows)
-    for column in SPLIT:
-        table[column] = table[column].astype("Int64")
-    return table

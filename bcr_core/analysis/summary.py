@@ -128,6 +128,7 @@ def condition_table(
         raise UsageError(f"unknown column group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
     if "calls" in groups and calls is None:
         raise UsageError("the `calls` column group reads the call records: pass calls=")
+    check_unpooled(items)
     ids = paired_only(items[items["condition"].isin(conditions)])["item_id"].unique()
     items = items[items["item_id"].isin(ids)]
     if dense in recorded:
@@ -149,6 +150,18 @@ def condition_table(
     wanted = set(BASE).union(*(GROUPS[g] for g in groups))
     present = set().union(*rows)
     return pd.DataFrame(rows).reindex(columns=[c for c in COLUMNS if c in wanted and c in present])
+
+
+def check_unpooled(items: pd.DataFrame) -> None:
+    """Refuse records holding an (item, condition) pair twice: repeated cells (the same items re-run
+    under another agent count, say) are never pooled into one paired test (the paper's protocol)."""
+    repeated = items.duplicated(subset=["item_id", "condition"], keep=False)
+    if repeated.any():
+        item, condition = items.loc[repeated, ["item_id", "condition"]].iloc[0]
+        raise UsageError(
+            f"{int(repeated.sum())} records repeat an (item, condition) pair, e.g. item {item} of {condition!r}: "
+            "repeated cells are never pooled into one paired test; table each cell's records on their own"
+        )
 
 
 def write_summary(items: pd.DataFrame, reference: str, folder: Path) -> pd.DataFrame:

@@ -14,7 +14,6 @@ from bcr_core.lab.explorer import Exploration, Explorer, explore
 from bcr_core.lab.heatmap import SELECTED, attention_figure, field_rows, highlighted_rows, update_figure
 from bcr_core.lab.inspection import CallView, Inspection, answers_side_by_side, inspect_requests
 from bcr_core.lab.tables import (
-    agreement_table,
     block_table,
     budget_check,
     condition_budget,
@@ -39,7 +38,6 @@ __all__ = [
     "Explorer",
     "Inspection",
     "Runs",
-    "agreement_table",
     "answers_side_by_side",
     "attention_figure",
     "block_table",

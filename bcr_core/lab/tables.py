@@ -12,21 +12,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from bcr_core.analysis.stats import line_residuals, paired_split, paired_table, reuse_accuracy_line
+from bcr_core.analysis.stats import line_residuals, paired_split, reuse_accuracy_line
 from bcr_core.analysis.summary import paired_only, with_agreement
 from bcr_core.conditions import SPECS, layout_config, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.prompts import tokenization_diff
 from bcr_core.spec_grammar import is_coin
-
-
-def agreement_table(items: pd.DataFrame, reference: str, dense: str = "dense") -> pd.DataFrame:
-    """Dense-agreement (final text identical to Dense's) compared pairwise like accuracy: items where
-    only the reference agrees with Dense, items where only the row's condition does, exact p."""
-    items = paired_only(with_agreement(items, dense))
-    table = paired_table(items[items["condition"] != dense], reference, value="agrees_dense")
-    return table.rename(columns={"accuracy": "agrees_dense"})
 
 
 def gate_counts(calls: pd.DataFrame) -> pd.DataFrame:
