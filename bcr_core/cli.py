@@ -32,45 +32,49 @@ from bcr_core.commands import (
     cmd_unit_curve,
     cmd_verify,
 )
-from bcr_core.engine.models import DEFAULT_MODEL, DTYPES
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
+from bcr_core.setting_kinds import Bool, Number, Optional, Setting, Str, cli_label, with_defaults
+
+
+def add_settings(parser: argparse.ArgumentParser, schema: dict[str, Setting]) -> None:
+    """One flag per setting of `schema`, its type, choices, default and help read from the setting:
+    a flag a schema declares is never declared by hand."""
+    for key, setting in schema.items():
+        parser.add_argument(cli_label(key), dest=key, **flag_options(setting))
+
+
+def pick(schema: dict[str, Setting], *keys: str) -> dict[str, Setting]:
+    return {key: schema[key] for key in keys}
+
+
+def without(schema: dict[str, Setting], *keys: str) -> dict[str, Setting]:
+    """The settings but `keys` (`--model` and `--dtype`, which `add_common` gives every command)."""
+    return {key: setting for key, setting in schema.items() if key not in keys}
+
+
+def flag_options(setting: Setting) -> dict:
+    """`add_argument`'s options for a setting. A list is typed as comma-separated text (its default
+    shown so), which `commands.settings_of` reads back into the list."""
+    kind = setting.kind.inner if isinstance(setting.kind, Optional) else setting.kind
+    options = {"help": setting.help, "required": True} if setting.required else {"help": setting.help}
+    if not setting.required:
+        default = setting.default
+        options["default"] = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+    if isinstance(kind, Bool):
+        options["action"] = "store_true"
+    elif isinstance(kind, Number):
+        options["type"] = kind.cast
+    elif isinstance(kind, Str) and kind.choices:
+        options["choices"] = kind.choices
+    return options
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help="'default' (embedded SmolLM2-135M-Instruct), 'gemma-3-270m' (Gemma 3 270M base, fetched on first use; "
-        "Gemma terms apply), a local HF directory, or a hub id",
-    )
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPES,
-        help="precision the model is served in; 'auto': float32 on a CPU, on a GPU the released code's rule "
-        "(float16 where the model's name contains 'llama', else float32)",
-    )
+    from bcr_core.runs.run_settings import RUN
+
+    add_settings(parser, pick(RUN, "model", "dtype"))
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
-
-
-def add_prompt_and_stop(parser: argparse.ArgumentParser) -> None:
-    from bcr_core.data.roles import DEFAULT_PROMPT, PROMPTS
-    from bcr_core.engine.stopping import DEFAULT_RULE, RULES
-
-    parser.add_argument(
-        "--prompt",
-        default=DEFAULT_PROMPT,
-        choices=PROMPTS,
-        help="the templates' form: 'standard', or 'one-shot' (the benchmark's worked example before the user turn)",
-    )
-    parser.add_argument(
-        "--stop",
-        default=DEFAULT_RULE,
-        choices=RULES,
-        help="decoding ends at the end token or the cap ('eos'), or also at the first newline after visible text "
-        "('line'); the same for every condition",
-    )
 
 
 class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
@@ -151,67 +155,21 @@ def add_ttft(sub) -> None:
 
 
 def add_run(sub) -> None:
-    from bcr_core.data.benchmarks import NAMES as BENCHMARKS
+    from bcr_core.runs.run_settings import RUN
 
     run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
-    run.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="the task whose items are served")
-    run.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    run.add_argument(
-        "--conditions",
-        required=True,
-        help="comma-separated, e.g. dense,kvcomm,bcr-chunk,coin-chunk@0.2:seed=1 (see bcr_core.conditions)",
-    )
-    run.add_argument("--n", type=int, required=True, help="number of items (the first n, same for every condition)")
     run.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
-    run.add_argument("--pinned", default=None, help="give every agent this role instead of cycling roles")
-    run.add_argument("--seeds", default=None, help="comma-separated seeds: coin conditions run once per seed")
-    run.add_argument("--max-new-tokens", type=int, default=512, help="the cap on each agent call's answer, in tokens")
-    run.add_argument("--reference", default=None, help="condition the b/c splits are taken against (default kvcomm)")
-    run.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
-    run.add_argument(
-        "--batch",
-        type=int,
-        default=1,
-        help="requests served at once with batched decoding (same tokens; call times then include waiting)",
-    )
-    run.add_argument(
-        "--fidelity",
-        action="store_true",
-        help="also serve every call densely: per-call first-token agreement and teacher-forced KL",
-    )
-    add_prompt_and_stop(run)
+    add_settings(run, without(RUN, "model", "dtype"))
     add_common(run)
     run.set_defaults(run=cmd_run)
 
 
 def add_arena(sub) -> None:
-    from bcr_core.data.benchmarks import NAMES as BENCHMARKS
+    from bcr_core.runs.run_settings import ARENA
 
     arena = sub.add_parser("arena", help="every selector on the same assembled caches at the same rows, against Dense")
-    arena.add_argument("--n", type=int, required=True, help="number of items (the first n)")
     arena.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
-    arena.add_argument("--benchmark", default="synthetic", choices=BENCHMARKS, help="the task whose items are served")
-    arena.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    arena.add_argument("--max-new-tokens", type=int, default=8, help="the cap on each agent call's answer, in tokens")
-    arena.add_argument("--item-seed", type=int, default=0, help="seed of the synthetic task's items")
-    arena.add_argument("--rho", type=float, default=paper.RHO, help="the serving BCR-chunk's budget (the paired count)")
-    arena.add_argument("--chunk", type=int, default=16, help="B: the chunk layout's unit, serving and arena alike")
-    arena.add_argument("--rhos", default="0.05,0.1,0.2,0.4", help="the sweep: round(rho x M) rows per call each")
-    arena.add_argument("--gamma", type=float, default=None, help="KVComm's gate (default: the paper's 0.3)")
-    arena.add_argument(
-        "--selectors",
-        default=None,
-        help="comma-separated selectors with options, e.g. draft,draft:rank=predicted,cacheblend:layer=2 "
-        "(default: the whole field; see bcr_core.arena.registry)",
-    )
-    arena.add_argument("--seeds", default=None, help="comma-separated seeds: a coin without a seed runs once per seed")
-    arena.add_argument(
-        "--shard",
-        default="",
-        help="K/M: this process is lane K of M (from 0); it serves every item and measures those whose index "
-        "is K mod M, in its own --out; join the lanes with `bcr arena-merge`",
-    )
-    add_prompt_and_stop(arena)
+    add_settings(arena, without(ARENA, "model", "dtype"))
     add_common(arena)
     arena.set_defaults(run=cmd_arena)
 
@@ -239,17 +197,18 @@ def add_arena_deepen(sub) -> None:
 
 
 def add_calibrate(sub) -> None:
+    from bcr_core.runs.run_settings import RUN
+
     calibrate = sub.add_parser(
         "calibrate",
         help="choose a model's prompt and stop rule before a grid: Dense's pipeline under each candidate, on "
         "items of another seed, with the no-record control and the seam share",
     )
     calibrate.add_argument("--out", type=Path, required=True, help="folder for records.jsonl and table.csv; resumes")
-    calibrate.add_argument("--n", type=int, default=50, help="items per candidate")
-    calibrate.add_argument("--item-seed", type=int, default=1, help="seed of the synthetic items (not the grid's)")
-    calibrate.add_argument("--agents", type=int, default=3, help="agents before the FinalRefer node (2-5)")
-    calibrate.add_argument(
-        "--max-new-tokens", type=int, default=8, help="the cap on each agent call's answer, in tokens"
+    # the run's settings at calibration's defaults: items of another seed than the grid's
+    add_settings(
+        calibrate,
+        with_defaults(pick(RUN, "n", "item_seed", "agents", "max_new_tokens"), n=50, item_seed=1, max_new_tokens=8),
     )
     add_common(calibrate)
     calibrate.set_defaults(run=cmd_calibrate)

@@ -64,17 +64,13 @@ def cmd_demo(args) -> int:
 
 def cmd_run(args) -> int:
     from bcr_core.analysis.summary import no_reuse_note, write_summary
-    from bcr_core.conditions import split_conditions
     from bcr_core.engine.loading import load_backbone
     from bcr_core.run_folder import RunFolder
     from bcr_core.runs.cell import RunSettings
     from bcr_core.runs.run_settings import RUN
     from bcr_core.runs.runner import run_cell
 
-    settings = {key: getattr(args, key) for key in RUN}
-    settings["conditions"] = split_conditions(args.conditions)
-    settings["seeds"] = split_list(args.seeds, int, "--seeds") if args.seeds is not None else None
-    run = RunSettings(**settings)
+    run = RunSettings(**settings_of(args, RUN))
     cell = run.cell()  # every setting and condition checked before the model loads
     items = run_cell(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True, batch=run.batch)
     code = print_table(write_summary(items, args.reference, args.out), args, digits=3)
@@ -89,25 +85,9 @@ def cmd_arena(args) -> int:
     from bcr_core.arena.run import make_arena_cell, run_arena
     from bcr_core.engine.loading import load_backbone
     from bcr_core.run_folder import RunFolder
+    from bcr_core.runs.run_settings import ARENA
 
-    cell = make_arena_cell(
-        args.n,
-        args.agents,
-        args.max_new_tokens,
-        args.rho,
-        args.chunk,
-        split_list(args.rhos, float, "--rhos"),
-        args.selectors,
-        split_list(args.seeds, int, "--seeds") if args.seeds is not None else None,
-        args.benchmark,
-        args.item_seed,
-        args.model,
-        args.gamma,
-        args.prompt,
-        args.stop,
-        args.shard,
-        args.dtype,
-    )
+    cell = make_arena_cell(**settings_of(args, ARENA))
     run_arena(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True)
     calls = RunFolder(args.out).calls()
     if not any(c.get("arena") for c in calls):
@@ -353,6 +333,21 @@ def cmd_report(args) -> int:
 
 
 ITEMS = {int: "integers", float: "numbers", str: "names"}
+
+
+def settings_of(args, schema: dict) -> dict:
+    """The settings of `schema` from parsed flags (`cli.add_settings` made them): a list given as
+    comma-separated text read back into its list; everything else as parsed, for the schema to check."""
+    from bcr_core.setting_kinds import ListOf, Optional, cli_label
+
+    out = {}
+    for key, setting in schema.items():
+        value = getattr(args, key)
+        kind = setting.kind.inner if isinstance(setting.kind, Optional) else setting.kind
+        if isinstance(value, str) and isinstance(kind, ListOf) and not kind.accepts(value):
+            value = split_list(value, kind.item.cast, cli_label(key))
+        out[key] = value
+    return out
 
 
 def split_list(text: str, kind, option: str | None = None):

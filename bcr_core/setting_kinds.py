@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from bcr_core.errors import UsageError
@@ -123,6 +123,7 @@ class Float(Number):
 @dataclass(frozen=True)
 class Str(Kind):
     choices: tuple[str, ...] = ()
+    empty: bool = False  # True: "" is a value (a setting whose empty text means "none")
 
     def describe(self):
         return "str" + (f" (one of {', '.join(map(repr, self.choices))})" if self.choices else "")
@@ -133,7 +134,7 @@ class Str(Kind):
     def problem(self, value):
         if self.choices and value not in self.choices:
             return f"{value!r} is not one of {', '.join(map(repr, self.choices))}"
-        if not self.choices and not value.strip():
+        if not self.choices and not self.empty and not value.strip():
             return "it is empty"
         return None
 
@@ -209,9 +210,35 @@ def check_setting(key: str, value, kind: Kind, label: str | None = None):
 
 @dataclass(frozen=True)
 class Setting:
+    """One setting: its kind, its default (or `required`), and the help `bcr`'s flag for it shows."""
+
     kind: Kind
     default: object = None
     required: bool = False
+    help: str = ""
+
+
+def check_settings(schema: dict[str, Setting], settings: dict, label=cli_label) -> dict:
+    """Every setting of `schema`: those given, each by the one validator (`label(key)` names it in the
+    error), the rest at their defaults; a key the schema lacks, or a required one missing, is an error."""
+    unknown = [key for key in settings if key not in schema]
+    if unknown:
+        raise SettingError(unknown[0], f"unknown setting; the settings: {', '.join(schema)}", label(unknown[0]))
+    missing = [key for key, s in schema.items() if s.required and settings.get(key) is None]
+    if missing:
+        raise SettingError(missing[0], "missing; it has no default", label(missing[0]))
+    checked = {key: check_setting(key, value, schema[key].kind, label(key)) for key, value in settings.items()}
+    return {key: s.default for key, s in schema.items()} | checked
+
+
+def with_defaults(schema: dict[str, Setting], **defaults) -> dict[str, Setting]:
+    """`schema` with other defaults for some settings (a default given makes a setting optional)."""
+    unknown = [key for key in defaults if key not in schema]
+    if unknown:
+        raise KeyError(f"not settings of this schema: {unknown}")
+    return {
+        key: replace(s, default=defaults[key], required=False) if key in defaults else s for key, s in schema.items()
+    }
 
 
 def differences(found: dict, wanted: dict) -> str:

@@ -194,7 +194,7 @@ def test_at_full_budget_every_selector_reproduces_token_matched_dense(tiny, asse
 
 
 # -- the arena in a run ---------------------------------------------------------------------------
-ARENA = make_arena_cell(3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft")
+ARENA = make_arena_cell(n=3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="draft")
 
 
 @pytest.fixture(scope="module")
@@ -378,8 +378,10 @@ def test_ours_is_read_on_every_item_of_a_fresh_item_seed_and_on_the_second_half_
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--rho", "1.5"], "rho must lie in [0, 1], got 1.5"),
-        (["--rhos", "0.1,-0.2"], "rho must lie in [0, 1], got -0.2"),
+        (["--rho", "1.5"], "--rho: expected float (a number) in [0, 1], got 1.5"),
+        (["--rhos", "0.1,-0.2"], "--rhos: entry 1: -0.2 is outside in [0, 1]"),
+        (["--chunk", "0"], "--chunk: expected int >= 1, got 0"),
+        (["--gamma", "2"], "--gamma: expected float (a number) in [0, 1] or None, got 2.0"),
         (["--selectors", "draft,oracel"], "unknown selector 'oracel'; known: kv-error, kv-error-attn, draft"),
         (
             ["--selectors", "cacheblend:depth=2"],
@@ -398,15 +400,15 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, args, message):
 
 
 def test_records_are_json_and_settings_are_the_folders_identity(tiny_chat, tmp_path):
-    cell = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="seams")
+    cell = make_arena_cell(n=1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="seams")
     run_arena(tiny_chat, cell, tmp_path, progress=False)
     settings = json.loads((tmp_path / "cell.json").read_text())
     assert settings["selectors"] == ["seams"] and settings["rhos"] == [0.05, 0.1, 0.2, 0.4]
-    deep = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="cacheblend:layer=3")
+    deep = make_arena_cell(n=1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="cacheblend:layer=3")
     with pytest.raises(UsageError, match="the model has 3 layers, so check layers 1 to 2"):
         run_arena(tiny_chat, deep, tmp_path / "deep", progress=False)
     assert not (tmp_path / "deep").exists()
-    other = make_arena_cell(1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="window")
+    other = make_arena_cell(n=1, agents=2, max_new_tokens=2, item_seed=34, gamma=1.0, selectors="window")
     with pytest.raises(UsageError, match="holds a run with other settings"):
         run_arena(tiny_chat, other, tmp_path, progress=False)
 

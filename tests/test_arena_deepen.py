@@ -61,7 +61,7 @@ def test_a_search_continued_from_where_its_cap_stopped_it_ends_at_a_local_optimu
 def deepened(tiny_chat, tmp_path_factory):
     source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("deepened")
     cell = make_arena_cell(
-        3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, rhos=(0.3,), selectors=f"draft,coin,seams,{SHORT}"
+        n=3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, rhos=(0.3,), selectors=f"draft,coin,seams,{SHORT}"
     )
     run_arena(tiny_chat, cell, source, progress=False)
     count = deepen(tiny_chat, source, out, 400, progress=False)

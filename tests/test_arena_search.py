@@ -140,7 +140,7 @@ def comparisons_below_the_searched_set(calls: list[dict], searcher: str) -> int:
 
 def test_on_an_arena_runs_records_the_searched_kl_is_at_most_every_selectors(tiny_chat, tmp_path):
     cell = make_arena_cell(
-        3,
+        n=3,
         agents=2,
         max_new_tokens=4,
         item_seed=34,

@@ -33,9 +33,9 @@ def untimed(record):
 def runs(tiny_chat, tmp_path_factory):
     """The run in one process, and the same run as two lanes."""
     root = tmp_path_factory.mktemp("split")
-    run_arena(tiny_chat, make_arena_cell(N, **SETTINGS), root / "whole", progress=False)
+    run_arena(tiny_chat, make_arena_cell(n=N, **SETTINGS), root / "whole", progress=False)
     for k in (0, 1):
-        run_arena(tiny_chat, make_arena_cell(N, **SETTINGS, shard=f"{k}/2"), root / f"lane{k}", progress=False)
+        run_arena(tiny_chat, make_arena_cell(n=N, **SETTINGS, shard=f"{k}/2"), root / f"lane{k}", progress=False)
     return root
 
 
@@ -111,7 +111,7 @@ def test_a_malformed_shard_is_refused_before_any_folder_is_touched(tmp_path, cap
 def test_a_lane_resumed_as_another_share_is_refused(tiny_chat, runs, tmp_path):
     shutil.copytree(runs / "lane0", tmp_path / "lane")
     with pytest.raises(UsageError) as refused:
-        run_arena(tiny_chat, make_arena_cell(N, **SETTINGS, shard="1/2"), tmp_path / "lane", progress=False)
+        run_arena(tiny_chat, make_arena_cell(n=N, **SETTINGS, shard="1/2"), tmp_path / "lane", progress=False)
     assert str(refused.value) == (  # the one setting that differs, not the whole of both
         f"{tmp_path / 'lane'} holds a run with other settings (shard: '0/2' there, '1/2' now); use another --out "
         "or delete it"

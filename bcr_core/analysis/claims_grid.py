@@ -72,6 +72,10 @@ class ClaimsGrid:
     segment_tokens: int = 1280  # the unit curve's segment: at budget 0.2, 256 rows = whole units of 1-256
     unit_prompts: int = 12  # documents the unit curve predicts, each from the others' anchors
 
+    def __post_init__(self):
+        for name in ("seeds", "gammas", "rhos"):  # a notebook's lists, kept as tuples
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
     def label(self, name: str, value: float | None = None, **options) -> str:
         """A repair condition of the grid: its B, and the options given."""
         return condition(name, value, chunk=self.chunk, **options)

@@ -19,24 +19,21 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from bcr_core import paper
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
 from bcr_core.arena.shards import owns, parse_shard
 from bcr_core.conditions import condition, make_server, parse
 from bcr_core.data import benchmarks
-from bcr_core.data.roles import DEFAULT_PROMPT
 from bcr_core.engine.memory import release_freed_memory
-from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
 from bcr_core.runs.cell import Cell
+from bcr_core.runs.run_settings import ARENA, ARENA_RHOS
 from bcr_core.runs.run_writer import RunFiles
 from bcr_core.runs.runner import Interrupted, SharedReference, item_record
-
-RHOS = (0.05, 0.1, 0.2, 0.4)
+from bcr_core.setting_kinds import check_settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +43,7 @@ class ArenaCell(Cell):
     ("K/M", `shards`) makes the run one lane of a split; "" runs the arena on every item."""
 
     selectors: tuple[str, ...] = ()
-    rhos: tuple[float, ...] = RHOS
+    rhos: tuple[float, ...] = tuple(ARENA_RHOS)
     shard: str = ""
 
     def check(self):
@@ -58,52 +55,20 @@ class ArenaCell(Cell):
         object.__setattr__(self, "selectors", tuple(e.label for e in make_entries(",".join(self.selectors))))
 
 
-def make_arena_cell(
-    n: int,
-    agents: int = 3,
-    max_new_tokens: int = 8,
-    rho: float = paper.RHO,
-    chunk: int = 16,
-    rhos=RHOS,
-    selectors: str | None = None,
-    seeds: list[int] | None = None,
-    benchmark: str = "synthetic",
-    item_seed: int = 0,
-    model: str = "default",
-    gamma: float | None = None,
-    prompt: str = DEFAULT_PROMPT,
-    stop: str = DEFAULT_RULE,
-    shard: str = "",
-    dtype: str = "auto",
-) -> ArenaCell:
-    """The arena's cell; every setting is checked here, before a model is loaded or a folder touched.
-    `gamma` sets KVComm's gate (default: the paper's)."""
-    parse_shard(shard)
-    check_rho(rho)
-    for r in rhos:
-        check_rho(r)
-    if chunk < 1:
-        raise UsageError(f"--chunk must be >= 1, got {chunk}")
-    if gamma is not None and not 0.0 <= gamma <= 1.0:
-        raise UsageError(f"--gamma is KVComm's entropy gate, in [0, 1]; got {gamma:g}")
-    if n < 1:
-        raise UsageError(f"--n must be >= 1, got {n}")
-    labels = tuple(e.label for e in make_entries(DEFAULT if selectors is None else selectors, chunk, seeds))
+def make_arena_cell(**settings) -> ArenaCell:
+    """The arena's cell from `ARENA`'s settings, by name (the others at their defaults); every one is
+    checked here, by the one validator, before a model is loaded or a folder touched."""
+    s = check_settings(ARENA, settings)
+    parse_shard(s["shard"])
+    selectors = make_entries(DEFAULT if s["selectors"] is None else s["selectors"], s["chunk"], s["seeds"])
+    shared = ("benchmark", "agents", "n", "max_new_tokens", "model", "item_seed", "prompt", "stop", "dtype")
     return ArenaCell(
-        benchmark=benchmark,
-        agents=agents,
-        conditions=(condition("bcr-chunk", rho, chunk=chunk, gamma=gamma),),
-        n=n,
-        max_new_tokens=max_new_tokens,
-        model=model,
-        item_seed=item_seed,
+        conditions=(condition("bcr-chunk", s["rho"], chunk=s["chunk"], gamma=s["gamma"]),),
         fidelity=True,
-        prompt=prompt,
-        stop=stop,
-        selectors=labels,
-        rhos=tuple(rhos),
-        shard=shard,
-        dtype=dtype,
+        selectors=tuple(e.label for e in selectors),
+        rhos=tuple(s["rhos"]),
+        shard=s["shard"],
+        **{key: s[key] for key in shared},
     )
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import html
 import os
+from dataclasses import fields, is_dataclass
 from typing import Any
 
-from bcr_core.runs.run_settings import RUN, SEED, ConditionName
+from bcr_core.runs.run_settings import ARENA, FRACTION, RUN, SEED, ConditionName
 from bcr_core.setting_kinds import (  # noqa: F401  (the kinds, re-exported: notebooks declare parameters with them)
     Bool,
     Float,
@@ -36,45 +37,44 @@ class ParameterError(SettingError, TypeError):
 
 
 LAYOUT_NAMES = ("chunk", "grow", "single")
-FRACTION = Float(0.0, 1.0)
 
-# The settings a notebook shares with `bcr run`, checked as `bcr run` checks them
-# (`bcr_core.runs.run_settings.RUN`) and read into a `lab.Comparison` by name.
+# The settings a notebook shares with `bcr run` and `bcr arena`, checked as they check them
+# (`bcr_core.runs.run_settings.RUN` and `ARENA`) and passed on by name (`Params.settings_of`).
 SHARED_WITH_RUN = ("model", "dtype", "benchmark", "agents", "n", "max_new_tokens", "item_seed", "pinned")
+SHARED_WITH_ARENA = ("rho", "rhos", "chunk", "gamma", "selectors")
 
 # Every parameter any notebook declares, with the kind of value it takes.
-SCHEMA: dict[str, Kind] = {key: RUN[key].kind for key in SHARED_WITH_RUN} | {
-    "conditions": ListOf(ConditionName()),
-    "condition": ConditionName(),
-    "reuse": ConditionName(),  # a reuse condition, e.g. kvcomm or kvcomm@1
-    "gamma": FRACTION,
-    "gammas": ListOf(FRACTION),
-    "theta": FRACTION,
-    "rho": FRACTION,
-    "rhos": ListOf(FRACTION),
-    "seeds": ListOf(SEED),  # at least one
-    "chunk": Int(1),
-    "block": Int(1),
-    "item": Optional(Int(0)),
-    "call": Optional(Str()),
-    "layer": Optional(Int(0)),
-    "head": Optional(Int(0)),
-    "layout": Str(LAYOUT_NAMES),
-    "segment_tokens": Int(8),
-    "budget": Float(0.0, 1.0, open_low=True),
-    "units": ListOf(Int(1)),
-    "span_caps": ListOf(Int(1)),
-    "prompts": Int(3),
-    "lengths": ListOf(Int(2)),
-    "samples": Int(1),
-    "results_dir": Str(),
-    "results": Str(),  # a folder of finished runs to read (the committed results, or a `bcr run` output)
-    "transfer": ListOf(Str()),  # claims (or arena) folders of other models, read beside `results`
-    "fresh": Bool(),  # run everything anew on `model` instead of reading `results`
-    "measure": Str(("agrees_dense", "correct")),  # the per-item outcome the claims are read on
-    "selectors": Optional(Str()),  # the arena's field as comma-separated selectors; None: every selector
-    "smoke": Bool(),
-}
+SCHEMA: dict[str, Kind] = (
+    {key: RUN[key].kind for key in SHARED_WITH_RUN}
+    | {key: ARENA[key].kind for key in SHARED_WITH_ARENA}
+    | {
+        "conditions": ListOf(ConditionName()),
+        "condition": ConditionName(),
+        "reuse": ConditionName(),  # a reuse condition, e.g. kvcomm or kvcomm@1
+        "gammas": ListOf(FRACTION),
+        "theta": FRACTION,
+        "seeds": ListOf(SEED),  # at least one
+        "block": Int(1),
+        "item": Optional(Int(0)),
+        "call": Optional(Str()),
+        "layer": Optional(Int(0)),
+        "head": Optional(Int(0)),
+        "layout": Str(LAYOUT_NAMES),
+        "segment_tokens": Int(8),
+        "budget": Float(0.0, 1.0, open_low=True),
+        "units": ListOf(Int(1)),
+        "span_caps": ListOf(Int(1)),
+        "prompts": Int(3),
+        "lengths": ListOf(Int(2)),
+        "samples": Int(1),
+        "results_dir": Str(),
+        "results": Str(),  # a folder of finished runs to read (the committed results, or a `bcr run` output)
+        "transfer": ListOf(Str()),  # claims (or arena) folders of other models, read beside `results`
+        "fresh": Bool(),  # run everything anew on `model` instead of reading `results`
+        "measure": Str(("agrees_dense", "correct")),  # the per-item outcome the claims are read on
+        "smoke": Bool(),
+    }
+)
 
 EXPLICIT = "BCR_EXPLICIT_PARAMETERS"  # the parameters a user set by name, which smoke settings leave alone
 # The CI-sized settings `Params.smoke` applies (to the names a notebook has). The synthetic
@@ -122,6 +122,13 @@ class Params:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
+
+    def settings_of(self, schema) -> dict[str, Any]:
+        """The parameters that are settings of `schema` (a settings dict such as `ARENA`, or a record's
+        dataclass such as `ClaimsGrid`), by name: a record's settings passed whole, not one positional
+        argument each."""
+        names = {f.name for f in fields(schema)} if is_dataclass(schema) else set(schema)
+        return {k: v for k, v in self._values.items() if k in names}
 
     def replace(self, **changes) -> Params:
         """A copy with some values changed (checked like the originals)."""
