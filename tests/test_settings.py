@@ -106,3 +106,63 @@ def test_every_condition_is_one_spec_and_the_readme_lists_each():
     for name, spec in SPECS.items():
         assert spec.about and f"`{name}" in table, name
         assert (spec.layout is None) == (spec.budget(parse(f"{name}@0.3")) is None), name  # a budget iff a layout
+
+
+# ---------------------------------------------------------------- flags generated from the schema
+def parsed(argv: list[str]):
+    return cli.build_parser().parse_args(argv)
+
+
+def test_bcr_run_s_flags_read_back_every_run_setting_at_its_default():
+    from bcr_core.commands import settings_of
+    from bcr_core.runs.run_settings import RUN
+
+    args = parsed(["run", "--benchmark", "synthetic", "--conditions", "dense,kvcomm", "--n", "3", "--out", "x"])
+    given = {"benchmark": "synthetic", "conditions": "dense,kvcomm", "n": 3}
+    assert settings_of(args, RUN) == {key: given.get(key, s.default) for key, s in RUN.items()}
+    args = parsed(["run", "--benchmark", "mmlu", "--conditions", "dense", "--n", "1", "--out", "x", "--seeds", "4,5"])
+    assert settings_of(args, RUN)["seeds"] == [4, 5] and args.fidelity is False
+
+
+def test_bcr_arena_s_flags_are_the_arena_schema_with_its_own_defaults():
+    from bcr_core.arena.run import make_arena_cell
+    from bcr_core.commands import settings_of
+    from bcr_core.runs.run_settings import ARENA, RUN
+
+    settings = settings_of(parsed(["arena", "--n", "5", "--out", "x"]), ARENA)
+    assert settings == {key: s.default for key, s in ARENA.items()} | {"n": 5}
+    # the arena's own defaults, where they differ from `bcr run`'s
+    assert (settings["benchmark"], settings["max_new_tokens"], RUN["max_new_tokens"].default) == ("synthetic", 8, 512)
+    assert settings["rhos"] == [0.05, 0.1, 0.2, 0.4] and settings["chunk"] == 16 and settings["rho"] == 0.2
+    cell = make_arena_cell(**settings)
+    assert cell.conditions == ("bcr-chunk@0.2:chunk=16",) and cell.fidelity and cell.rhos == (0.05, 0.1, 0.2, 0.4)
+    assert make_arena_cell(**settings | {"rho": 0.3, "chunk": 8}).conditions == ("bcr-chunk@0.3:chunk=8",)
+
+
+def test_each_generated_flag_shows_its_setting_s_help_and_choices():
+    from bcr_core.runs.run_settings import ARENA
+
+    arena = cli.build_parser()._subparsers._group_actions[0].choices["arena"]
+    flags = {a.dest: a for a in arena._actions}
+    for key, setting in ARENA.items():
+        assert flags[key].help == setting.help and flags[key].option_strings == ["--" + key.replace("_", "-")]
+    assert tuple(flags["prompt"].choices) == ("standard", "one-shot") and flags["n"].required
+
+
+def test_make_arena_cell_names_an_unknown_or_missing_setting():
+    from bcr_core.arena.run import make_arena_cell
+
+    with pytest.raises(SettingError, match="--n: missing"):
+        make_arena_cell(agents=2)
+    with pytest.raises(SettingError, match="--rho-s: unknown setting"):
+        make_arena_cell(n=2, rho_s=0.2)
+
+
+def test_saved_inspections_key_on_notebook_parameters_checked_as_the_runs_are():
+    from bcr_core.lab import saved_inspection
+    from bcr_core.runs.run_settings import ARENA, RUN
+
+    for key in saved_inspection.KEYS:
+        assert key in params.SCHEMA, key
+        if key in RUN or key in ARENA:
+            assert params.SCHEMA[key] == (RUN.get(key) or ARENA[key]).kind, key
