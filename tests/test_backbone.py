@@ -9,7 +9,7 @@ from transformers import GPT2Config
 from bcr_core.engine.architectures import ModelError, check_architecture
 from bcr_core.engine.backbone import Backbone, repair_mask
 from bcr_core.engine.batching import generate_batch
-from bcr_core.engine.kernels import key_extents
+from bcr_core.engine.kernels import current_kernel, key_extents
 from bcr_core.engine.kv import KV
 from bcr_core.engine.windows import layer_windows, mask_argument
 
@@ -256,7 +256,35 @@ def test_draft_tokens_and_attention_match_an_independent_dense_pass(tiny, case):
         out = tiny.model(input_ids=full, output_attentions=True)
     expected = torch.stack([a[0, :, m : m + 2, :m] for a in out.attentions]).transpose(1, 2)
     assert torch.allclose(draft.attention, expected, atol=1e-5)
-    assert tiny.config._attn_implementation == "sdpa"  # switched back
+    assert current_kernel() == "sdpa"  # switched back
+
+
+def test_a_kernel_switch_holds_in_its_own_thread_only(tiny, case):
+    """A thread decoding under eager (which returns attention weights) leaves another thread's forward
+    on SDPA (which returns none): the switch is per thread, never a change of the shared model."""
+    import threading
+
+    ids = torch.tensor([case[0][:12]])
+    inside, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def eager_worker():
+        with tiny.attention_implementation("eager"), torch.inference_mode():
+            seen["worker"] = tiny.model(input_ids=ids, output_attentions=True).attentions[0]
+            inside.set()
+            done.wait(timeout=60)
+
+    worker = threading.Thread(target=eager_worker)
+    worker.start()
+    try:
+        assert inside.wait(timeout=60)
+        with torch.inference_mode():
+            seen["main"] = tiny.model(input_ids=ids, output_attentions=True).attentions or ()
+    finally:
+        done.set()
+        worker.join()
+    assert seen["worker"] is not None and seen["worker"].shape[-1] == 12
+    assert all(a is None for a in seen["main"])  # SDPA returns no weights
 
 
 def test_rerotation_round_trip(tiny, case):

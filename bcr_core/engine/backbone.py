@@ -39,7 +39,7 @@ from bcr_core import paper
 from bcr_core.engine.architectures import CONFIG_PREFIX, check_architecture, config_only, config_tokenizer_dir
 from bcr_core.engine.capacity import kv_shape
 from bcr_core.engine.chat import render_messages
-from bcr_core.engine.kernels import BLOCKED, GROUPED_EAGER, QUERY_BLOCK, key_extents, key_grid
+from bcr_core.engine.kernels import BLOCKED, DISPATCH, GROUPED_EAGER, QUERY_BLOCK, kernel, key_extents, key_grid
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
@@ -101,6 +101,7 @@ class Backbone:
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config
+        self.model.set_attn_implementation(DISPATCH)  # the kernel is chosen per thread (`kernels.kernel`)
         self.rotations = layer_rotations(model)
         self.steps = Steps(self)
 
@@ -370,15 +371,7 @@ class Backbone:
         rows = rows.unique(sorted=True)
         return rows
 
-    @contextlib.contextmanager
     def attention_implementation(self, name: str):
-        """Temporarily switch attention kernels (eager is needed for attention weights)."""
-        previous = self.config._attn_implementation
-        if previous == name:
-            yield
-            return
-        self.model.set_attn_implementation(name)
-        try:
-            yield
-        finally:
-            self.model.set_attn_implementation(previous)
+        """Run attention through kernel `name` in this thread until the block ends (eager is needed
+        for attention weights); the shared model is not changed, so other threads keep their kernel."""
+        return kernel(name)

@@ -1,5 +1,10 @@
 """Two attention kernels, registered with Hugging Face's AttentionInterface so the model's own
-forward runs them in place of its default (`Backbone.attention_implementation(name)`).
+forward runs them in place of its default, and the switch between kernels.
+
+The switch is per thread, not a setting of the shared model: every `Backbone`'s model runs
+`DISPATCH`, which calls the kernel `kernel(name)` chose in the calling thread (or context), SDPA
+by default, and builds that kernel's mask. So a worker thread decoding on the model (the explorer's
+live answers) and a draft on another thread each get the kernel they asked for, and switches nest.
 
 - `BLOCKED` (repair): queries are cut into blocks and each block attends only to the key prefix
   it can see. A repaired row sees every row at or before its position; with the default kernel a
@@ -14,14 +19,23 @@ forward runs them in place of its default (`Backbone.attention_implementation(na
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import sys
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bcr_core import paper
 
 BLOCKED, GROUPED_EAGER = "bcr_blocked_sdpa", "bcr_grouped_eager"
+DISPATCH = "bcr_dispatch"  # the implementation every Backbone's model runs: this thread's kernel
+DEFAULT_KERNEL = "sdpa"
+_chosen = contextvars.ContextVar("bcr_attention_kernel", default=DEFAULT_KERNEL)
 QUERY_BLOCK = paper.CHUNK_ROWS  # rows per query block: repair tiles its queries a chunk at a time
 KEY_GRID_CUDA = 256  # a GPU's key extents, rounded up to this: few shapes, so attention plans are built once each
 
@@ -88,3 +102,40 @@ def grouped_eager(
 AttentionInterface.register(BLOCKED, blocked_sdpa)
 AttentionInterface.register(GROUPED_EAGER, grouped_eager)
 AttentionMaskInterface.register(GROUPED_EAGER, eager_mask)
+
+
+def current_kernel() -> str:
+    """The attention kernel the model runs in this thread (or context) now."""
+    return _chosen.get()
+
+
+@contextlib.contextmanager
+def kernel(name: str) -> Iterator[None]:
+    """Run the model's attention through `name` (`eager`, `sdpa`, `BLOCKED`, `GROUPED_EAGER`) in this
+    thread until the block ends; other threads keep theirs."""
+    token = _chosen.set(name)
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
+def dispatched_attention(module, query, key, value, attention_mask, **kwargs):
+    """The chosen kernel; `eager` is the model's own eager function (HF keeps one per architecture)."""
+    name = _chosen.get()
+    if name == "eager":
+        forward = sys.modules[type(module).__module__].eager_attention_forward
+    else:
+        forward = ALL_ATTENTION_FUNCTIONS[name]
+    return forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def dispatched_mask(*args, **kwargs):
+    """The chosen kernel's mask, as HF builds it for that kernel; None for one that builds none
+    (`BLOCKED`, whose callers pass their own 4-D masks)."""
+    build = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(_chosen.get())
+    return None if build is None else build(*args, **kwargs)
+
+
+AttentionInterface.register(DISPATCH, dispatched_attention)
+AttentionMaskInterface.register(DISPATCH, dispatched_mask)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bcr_core.engine.kernels import current_kernel
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.windows import mask_argument
 
@@ -131,7 +132,7 @@ class Steps:
         slab.filled += len(tokens)
         if not self.graphs:
             return step(self.bb, slab, fed, positions, write_rows, attentions)
-        key = (slab.capacity, len(tokens), attentions, self.bb.config._attn_implementation)
+        key = (slab.capacity, len(tokens), attentions, current_kernel())
         if key not in self.captured:
             self.captured[key] = _Graph.capture(self.bb, slab, fed, positions, write_rows, attentions)
         graph = self.captured[key]
