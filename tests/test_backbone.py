@@ -8,7 +8,7 @@ from transformers import GPT2Config
 
 from bcr_core.engine.architectures import ModelError, check_architecture
 from bcr_core.engine.backbone import Backbone, repair_mask
-from bcr_core.engine.batching import generate_batch
+from bcr_core.engine.batching import BatchDecoder
 from bcr_core.engine.kernels import current_kernel, key_extents
 from bcr_core.engine.kv import KV
 from bcr_core.engine.windows import layer_windows, mask_argument
@@ -362,6 +362,16 @@ def test_unsupported_options_of_supported_families_are_refused():
 def test_unknown_model_is_a_clear_error(name):
     with pytest.raises(ModelError, match="unknown model"):
         Backbone.load(name)
+
+
+def generate_batch(bb, requests, stop_ids) -> list:
+    """Every (cache, last id, max new tokens) decoded at once by one `BatchDecoder`, in request order."""
+    decoder, results = BatchDecoder(bb, stop_ids), {}
+    for i, (kv, last_id, max_new_tokens) in enumerate(requests):
+        decoder.add(i, kv, last_id, max_new_tokens)
+    while decoder:
+        results.update(decoder.step())
+    return [results[i] for i in range(len(requests))]
 
 
 def test_batched_generation_equals_one_at_a_time(tiny):

@@ -150,17 +150,3 @@ class BatchDecoder:
 def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
     """(B, H, T, D) with n zero rows in front."""
     return torch.cat([x.new_zeros(*x.shape[:2], n, x.shape[3]), x], dim=2) if n else x
-
-
-def generate_batch(bb, requests: list[tuple[KV, int, int]], stop_ids=None) -> list[Generation]:
-    """`bb.generate` for several (cache, last id, max new tokens) at once, caches of any lengths
-    (see `BatchDecoder`). One request takes `generate`'s path unchanged."""
-    if len(requests) == 1:
-        kv, last_id, max_new_tokens = requests[0]
-        return [bb.generate(kv, last_id, max_new_tokens, stop_ids, keep_cache=True)]
-    decoder, results = BatchDecoder(bb, stop_ids), {}
-    for i, (kv, last_id, max_new_tokens) in enumerate(requests):
-        decoder.add(i, kv, last_id, max_new_tokens)
-    while decoder:
-        results.update(decoder.step())
-    return [results[i] for i in range(len(requests))]

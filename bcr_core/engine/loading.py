@@ -1,8 +1,10 @@
-"""Loading the model a command or notebook names: the one place a `Backbone` is made from a name."""
+"""Loading the model a command or notebook names: the one place a `Backbone` is made from a name, and
+the one cache of a loaded model (`shared_backbone`; `lazy_backbone` defers it until needed)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from bcr_core.engine.backbone import Backbone
 from bcr_core.engine.memory import keep_freed_memory
@@ -16,18 +18,6 @@ def load_backbone(model: str = DEFAULT_MODEL, dtype: str = "auto") -> Backbone:
     return Backbone.load(model, dtype=dtype)
 
 
-def lazy_backbone(model: str = DEFAULT_MODEL, dtype: str = "auto") -> Callable[[], Backbone]:
-    """A function that loads the model on its first call and returns the same one afterwards."""
-    loaded = {}
-
-    def get() -> Backbone:
-        if "bb" not in loaded:
-            loaded["bb"] = load_backbone(model, dtype)
-        return loaded["bb"]
-
-    return get
-
-
 _SHARED: dict[tuple[str, str], Backbone] = {}  # the last model loaded in this process
 
 
@@ -38,3 +28,9 @@ def shared_backbone(model: str, dtype: str = "auto") -> Backbone:
         _SHARED.clear()
         _SHARED[model, dtype] = load_backbone(model, dtype)
     return _SHARED[model, dtype]
+
+
+def lazy_backbone(model: str = DEFAULT_MODEL, dtype: str = "auto") -> Callable[[], Backbone]:
+    """`shared_backbone` for this model, called only when a model is needed (a notebook that reads
+    committed records loads none)."""
+    return partial(shared_backbone, model, dtype)
