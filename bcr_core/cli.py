@@ -157,21 +157,24 @@ def add_ttft(sub) -> None:
 def add_run(sub) -> None:
     from bcr_core.runs.run_settings import RUN
 
-    run = sub.add_parser("run", help="a grid cell: one benchmark and agent count under several conditions")
-    run.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
-    add_settings(run, without(RUN, "model", "dtype"))
-    add_common(run)
-    run.set_defaults(run=cmd_run)
+    about = "a grid cell: one benchmark and agent count under several conditions"
+    add_run_folder_command(sub, "run", about, RUN, cmd_run)
 
 
 def add_arena(sub) -> None:
     from bcr_core.runs.run_settings import ARENA
 
-    arena = sub.add_parser("arena", help="every selector on the same assembled caches at the same rows, against Dense")
-    arena.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
-    add_settings(arena, without(ARENA, "model", "dtype"))
-    add_common(arena)
-    arena.set_defaults(run=cmd_arena)
+    about = "every selector on the same assembled caches at the same rows, against Dense"
+    add_run_folder_command(sub, "arena", about, ARENA, cmd_arena)
+
+
+def add_run_folder_command(sub, name: str, about: str, schema: dict[str, Setting], run) -> None:
+    """A command that writes a resumable run folder (`--out`), its every other flag from `schema`."""
+    parser = sub.add_parser(name, help=about)
+    parser.add_argument("--out", type=Path, required=True, help="run folder; rerunning resumes it")
+    add_settings(parser, without(schema, "model", "dtype"))
+    add_common(parser)
+    parser.set_defaults(run=run)
 
 
 def add_arena_merge(sub) -> None:
