@@ -19,23 +19,20 @@ from). Items are written as they finish; rerunning the same command resumes.
 from __future__ import annotations
 
 import time
-from functools import partial
 from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena import search
 from bcr_core.arena.copies import DenseReference, kl_of_sets
 from bcr_core.arena.measures import arena_frame, gap_share, is_searched
 from bcr_core.arena.registry import evals_of, make_entry
-from bcr_core.arena.run import ArenaCell, KeptReference
-from bcr_core.conditions import make_server, parse
+from bcr_core.arena.run import ArenaCell, KeptReference, Serving
+from bcr_core.conditions import parse
 from bcr_core.data import benchmarks
 from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
-from bcr_core.reuse.calls import drive
 from bcr_core.reuse.segments import predicted_rows
 from bcr_core.run_folder import CALLS, RunFolder, read_records
 from bcr_core.runs.run_writer import RunFiles
@@ -87,29 +84,21 @@ def deepen(bb, source: Path, out: Path, evals: int, progress: bool = True) -> in
     items, calls = source_records(source, cell)
     files = RunFiles(out, cell)
     try:
-        pipeline = Pipeline(
-            bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
-        )
-        condition = cell.conditions[0]
-        server = make_server(bb, condition)
-        server.trace = True
+        serving = Serving(bb, cell)
+        condition = serving.condition
         files.settle()
-        done, _ = files.finished(list(items), [t.node for t in pipeline.templates], {condition})
-        reference = KeptReference(bb, keep=8)
+        done, _ = files.finished(list(items), serving.nodes, {condition})
         continued = 0
         listed = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
         for item in tqdm(listed, disable=not progress, desc=f"deepen {Path(source).name}"):
             item_id, recorded = str(item["id"]), calls[str(item["id"])]
             if (condition, item_id) in done or not any(capped(c) for c in recorded):
-                for call in recorded:
-                    server.replay(call)
+                serving.replay(recorded)
                 if (condition, item_id) not in done:
                     files.append(items[item_id], [relabelled(c, cell) for c in recorded])
                 continue
-            question = benchmarks.question_text(cell.benchmark, item)
-            request = drive(bb, partial(pipeline.steps, server, item_id, question, reference)())
-            served = zip(request.calls, recorded, strict=True)
-            files.append(items[item_id], [continue_call(bb, c, r, reference, cell, evals) for c, r in served])
+            served = zip(serving.serve(item).calls, recorded, strict=True)
+            files.append(items[item_id], [continue_call(bb, c, r, serving.reference, cell, evals) for c, r in served])
             continued += sum(len(capped(c)) for c in recorded)
             release_freed_memory()
     except KeyboardInterrupt:

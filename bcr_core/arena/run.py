@@ -107,40 +107,58 @@ def check_layers(selectors, layers: int) -> None:
             raise UsageError(f"selector {spec}: the model has {layers} layers, so check layers 1 to {layers - 1}")
 
 
+class Serving:
+    """An arena run's serving: its BCR-chunk condition's traced server behind the pipeline, and the
+    Dense reference the arena reads back. Items go through it in order, served or replayed (a
+    finished item's calls put back into the stateful server), as the run and `deepen` both do."""
+
+    def __init__(self, bb, cell: ArenaCell):
+        self.bb, self.cell, self.condition = bb, cell, cell.conditions[0]
+        self.pipeline = Pipeline(
+            bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
+        )
+        self.server = make_server(bb, self.condition)
+        self.server.trace = True
+        self.reference = KeptReference(bb, keep=8)  # one item's calls (at most 6): Dense caches are not hoarded
+
+    @property
+    def nodes(self) -> list[str]:
+        return [t.node for t in self.pipeline.templates]
+
+    def serve(self, item: dict):
+        """The item's request, served afresh (each call's trace kept)."""
+        question = benchmarks.question_text(self.cell.benchmark, item)
+        steps = partial(self.pipeline.steps, self.server, str(item["id"]), question, self.reference)
+        return drive(self.bb, steps())
+
+    def replay(self, calls: list[dict]) -> None:
+        for call in calls:
+            self.server.replay(call)
+
+
 def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataFrame:
     """Run (or resume) the arena; returns the per-item table of the serving run."""
     check_layers(cell.selectors, bb.num_layers)
     files = RunFiles(out, cell)
     try:
         items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
-        pipeline = Pipeline(
-            bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
-        )
-        condition = cell.conditions[0]
-        chunk = parse(condition).option("chunk")
-        entries = make_entries(",".join(cell.selectors), chunk)
-        server = make_server(bb, condition)
-        server.trace = True
+        serving = Serving(bb, cell)
+        condition = serving.condition
+        entries = make_entries(",".join(cell.selectors), parse(condition).option("chunk"))
         files.settle()
-        done, done_calls = files.finished(
-            [str(i["id"]) for i in items], [t.node for t in pipeline.templates], {condition}
-        )
-        reference = KeptReference(bb, keep=8)  # one item's calls (at most 6): Dense caches are not hoarded
+        done, done_calls = files.finished([str(i["id"]) for i in items], serving.nodes, {condition})
         bar = tqdm(total=len(items), disable=not progress, desc=f"arena {cell.benchmark} x{cell.agents}")
         with bar:
             for index, item in enumerate(items):
                 item_id = str(item["id"])
                 if (condition, item_id) in done:
-                    for call in done_calls.get((condition, item_id), []):
-                        server.replay(call)
-                    bar.update(1)
-                    continue
-                question = benchmarks.question_text(cell.benchmark, item)
-                request = drive(bb, partial(pipeline.steps, server, item_id, question, reference)())
-                calls = arena_calls(bb, request, reference, entries, cell, index)
-                files.append(item_record(cell, condition, index, item, request), calls)
+                    serving.replay(done_calls.get((condition, item_id), []))
+                else:
+                    request = serving.serve(item)
+                    calls = arena_calls(bb, request, serving.reference, entries, cell, index)
+                    files.append(item_record(cell, condition, index, item, request), calls)
+                    release_freed_memory()
                 bar.update(1)
-                release_freed_memory()
     except KeyboardInterrupt:
         raise Interrupted(files) from None
     finally:
