@@ -9,7 +9,8 @@ the skip rule's B), `skip=alg1|off` (Algorithm 1's skip rule, on every layout), 
 (rank every cached row, or only the rows KVComm predicted), `match=bcr-chunk|bcr-grow|bcr-single`
 (coin and CacheBlend: recompute on each call exactly as many rows as that BCR condition, with the
 same budget and options, recomputes on it), `tau=`, `span_cap=` (grow). Every condition is one
-`Spec` in `SPECS` (its factory, options, default value, layout and budget): a new control is one Spec.
+`Spec` in `SPECS` (its factory, options, default value, and for a repair its selector, layout and
+budget): a repair condition is a selector and a layout; a new control is one Spec.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from bcr_core.errors import UsageError
 from bcr_core.repair.bcr import BCRServer, MatchedBudget
 from bcr_core.repair.layouts import RANKS, SKIP_RULES, LayoutConfig, layout
 from bcr_core.repair.opengate import OpenGateServer
-from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
+from bcr_core.repair.selectors import SELECTORS, CoinSelector, Selector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
 from bcr_core.setting_kinds import Float, Int, Str
@@ -164,19 +165,16 @@ def _kvcomm(bb, c: Condition):
     return KVCommServer(bb, kvcomm_config(c, c.value))
 
 
-def _repair(selector: Callable):
-    def factory(bb, c: Condition):
-        return BCRServer(
-            bb,
-            selector(c),
-            layout(SPECS[c.name].layout, layout_config(c)),
-            value_of(c),
-            kvcomm_config(c),
-            rank=c.option("rank"),
-            match=matched_budget(c),
-        )
-
-    return factory
+def _repair(bb, c: Condition):
+    return BCRServer(
+        bb,
+        make_selector(c),
+        layout(SPECS[c.name].layout, layout_config(c)),
+        value_of(c),
+        kvcomm_config(c),
+        rank=c.option("rank"),
+        match=matched_budget(c),
+    )
 
 
 def matched_budget(c: Condition) -> MatchedBudget | None:
@@ -184,13 +182,18 @@ def matched_budget(c: Condition) -> MatchedBudget | None:
     paired = c.options.get("match", "none")  # only the controls take the option
     if paired == "none":
         return None
-    return MatchedBudget(DraftSelector(), layout(SPECS[paired].layout, layout_config(c)))
+    return MatchedBudget(SELECTORS[SPECS[paired].selector](), layout(SPECS[paired].layout, layout_config(c)))
 
 
-def _coin(c: Condition, layout_name: str) -> CoinSelector:
-    """A coin over the layout's units: one draw per chunk for the chunk layout, so every chunk
-    (a short trailing one too) is equally likely; one per row otherwise."""
-    return CoinSelector(_seed(c), unit=c.option("chunk") if layout_name == "chunk" else 1)
+def make_selector(c: Condition) -> Selector:
+    """The repair condition's selector (its Spec's). A coin is one stream over the whole run, seeded
+    once (the arena's coins draw afresh per call, `arena.registry`, since it measures calls apart),
+    drawing once per chunk on the chunk layout, so every chunk (a short trailing one too) is equally
+    likely, and once per row otherwise."""
+    spec = SPECS[c.name]
+    if spec.selector == CoinSelector.name:
+        return CoinSelector(_seed(c), unit=c.option("chunk") if spec.layout == "chunk" else 1)
+    return SELECTORS[spec.selector]()
 
 
 def _cacheblend_reuse(bb, c: Condition):
@@ -201,7 +204,7 @@ def _cacheblend_reuse(bb, c: Condition):
         )
     return BCRServer(
         bb,
-        CacheBlendSelector(),
+        make_selector(c),
         layout(SPECS[c.name].layout, layout_config(c)),
         SPECS[c.name].budget(c),
         kvcomm_config(c),
@@ -216,14 +219,16 @@ def _seed(c: Condition) -> int:
 @dataclass(frozen=True)
 class Spec:
     """Everything one condition is, in one place: the factory that builds its server, the options
-    it takes (anything else is refused, naming these), its main value when none is written, the
-    layout a repair spends its budget in (None: it repairs nothing) and the share of the cache that
-    budget is (`rho`, from the condition). A new control is one Spec."""
+    it takes (anything else is refused, naming these), its main value when none is written, and for
+    a repair, the selector that ranks the rows (`repair.selectors.SELECTORS`), the layout it spends
+    its budget in (None: it repairs nothing) and the share of the cache that budget is (`rho`, from
+    the condition). A repair condition is a selector and a layout; a new control is one Spec."""
 
     factory: Callable  # (bb, Condition) -> Server
     options: dict[str, Option] = field(default_factory=dict)
     value: float | None = None  # the main value when none is written
     layout: str | None = None  # the layout a repair condition spends its budget in
+    selector: str | None = None  # the selector a repair condition ranks rows with
     rho: Callable | None = None  # (Condition) -> the budget rho, for a repair whose value is not rho
     about: str = ""
 
@@ -234,8 +239,9 @@ class Spec:
         return self.rho(c) if self.rho is not None else value_of(c)
 
 
-def repair_spec(layout_name: str, selector: Callable, options: dict, about: str) -> Spec:
-    return Spec(_repair(selector), GATE | REPAIR | options, paper.RHO, layout_name, about=about)
+def repair_spec(selector: str, layout_name: str, options: dict, about: str) -> Spec:
+    """A repair condition: `selector` ranking rows for `layout_name`, at the paper's rho by default."""
+    return Spec(_repair, GATE | REPAIR | options, paper.RHO, layout_name, selector, about=about)
 
 
 SPECS: dict[str, Spec] = {
@@ -262,19 +268,18 @@ SPECS: dict[str, Spec] = {
         paper.RANDOM_ALLOCATION_P,
         about="Table 7: each reuse the gate allows is given up with probability p",
     ),
-    "bcr-chunk": repair_spec("chunk", lambda c: DraftSelector(), {}, "BCR, whole chunks (Algorithm 1)"),
-    "bcr-grow": repair_spec("grow", lambda c: DraftSelector(), GROW, "BCR, spans grown from the best rows"),
-    "bcr-single": repair_spec("single", lambda c: DraftSelector(), {}, "BCR, single rows"),
-    "coin-chunk": repair_spec("chunk", lambda c: _coin(c, "chunk"), SEED | MATCH, "a fair coin per chunk"),
-    "coin-single": repair_spec("single", lambda c: _coin(c, "single"), SEED | MATCH, "a fair coin per row"),
-    "cacheblend-cost": repair_spec(
-        "single", lambda c: CacheBlendSelector(), MATCH, "CacheBlend's layer-1 rule at BCR's budget"
-    ),
+    "bcr-chunk": repair_spec("draft", "chunk", {}, "BCR, whole chunks (Algorithm 1)"),
+    "bcr-grow": repair_spec("draft", "grow", GROW, "BCR, spans grown from the best rows"),
+    "bcr-single": repair_spec("draft", "single", {}, "BCR, single rows"),
+    "coin-chunk": repair_spec("coin", "chunk", SEED | MATCH, "a fair coin per chunk"),
+    "coin-single": repair_spec("coin", "single", SEED | MATCH, "a fair coin per row"),
+    "cacheblend-cost": repair_spec("cacheblend", "single", MATCH, "CacheBlend's layer-1 rule at BCR's budget"),
     "cacheblend-reuse": Spec(
         lambda bb, c: _cacheblend_reuse(bb, c),
         GATE | REPAIR,
         None,
         "single",
+        "cacheblend",
         rho=lambda c: 1.0 - c.value,
         about="CacheBlend at the paired BCR-chunk reuse rate r: rho = 1 - r",
     ),

@@ -166,3 +166,31 @@ def test_saved_inspections_key_on_notebook_parameters_checked_as_the_runs_are():
         assert key in params.SCHEMA, key
         if key in RUN or key in ARENA:
             assert params.SCHEMA[key] == (RUN.get(key) or ARENA[key]).kind, key
+
+
+def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too():
+    """The paper's repair conditions written out (BCR = the draft's score; the coin; CacheBlend's
+    layer-1 rule), each its selector and layout; the arena ranks with the same selector classes."""
+    from bcr_core.arena.registry import SELECTORS as FIELD
+    from bcr_core.conditions import SPECS, make_selector
+    from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
+
+    paper = {
+        "bcr-chunk": ("draft", "chunk"),
+        "bcr-grow": ("draft", "grow"),
+        "bcr-single": ("draft", "single"),
+        "coin-chunk": ("coin", "chunk"),
+        "coin-single": ("coin", "single"),
+        "cacheblend-cost": ("cacheblend", "single"),
+        "cacheblend-reuse": ("cacheblend", "single"),
+    }
+    repairs = {name: (s.selector, s.layout) for name, s in SPECS.items() if s.layout is not None}
+    assert repairs == paper
+    classes = {"draft": DraftSelector, "coin": CoinSelector, "cacheblend": CacheBlendSelector}
+    for name, (selector, _) in paper.items():
+        made = make_selector(parse(f"{name}@0.5" if name == "cacheblend-reuse" else name))
+        assert type(made) is classes[selector] is FIELD[selector], name
+    # a coin draws once per chunk on the chunk layout, once per row on single rows
+    assert make_selector(parse("coin-chunk:chunk=8,seed=3")).unit == 8
+    assert make_selector(parse("coin-single:chunk=8,seed=3")).unit == 1
+    assert make_selector(parse("coin-chunk:seed=3")).seed == 3

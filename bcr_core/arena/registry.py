@@ -23,7 +23,8 @@ from bcr_core.arena import search, selectors
 from bcr_core.arena.context import CallContext
 from bcr_core.conditions import REPAIR, SEED, split_conditions
 from bcr_core.errors import UsageError
-from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector, Ranking, Selector
+from bcr_core.repair.selectors import SELECTORS as DEPLOYABLE
+from bcr_core.repair.selectors import CoinSelector, Ranking, Selector
 from bcr_core.reuse.segments import predicted_rows
 from bcr_core.setting_kinds import Int
 from bcr_core.spec_grammar import Option
@@ -44,13 +45,12 @@ OPTIONS: dict[str, dict[str, Option]] = {
         "evals": Option(Int(0), search.EVALS, "the local search's evaluations per call and budget"),
     },
 }
-# every selector's class under its name; `searched` is no ranking (`arena.search` finds its rows)
+# every selector's class under its name: the deployable ones the repair conditions are made of, and
+# the arena's own; `searched` is no ranking (`arena.search` finds its rows)
 SELECTORS: dict[str, type[Selector]] = {
     "kv-error": selectors.KVErrorSelector,
     "kv-error-attn": selectors.AttendedKVErrorSelector,
-    "draft": DraftSelector,
-    "coin": CoinSelector,
-    "cacheblend": CacheBlendSelector,
+    **DEPLOYABLE,
     "question": selectors.QuestionSelector,
     "seams": selectors.SeamsSelector,
     "window": selectors.WindowSelector,

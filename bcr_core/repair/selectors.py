@@ -112,3 +112,8 @@ class CacheBlendSelector(Selector):
         fresh, at = bb.prefill_layers(ids, kv.positions, layers=self.layer + 1), self.layer
         deviation = (fresh.values[at] - kv.values[at].to(fresh.values.dtype)).float().norm(dim=-1).mean(dim=(0, 1))
         return Ranking(deviation if rows is None else deviation[rows])
+
+
+# The deployable selectors by name: a repair condition is one of them and a layout (`conditions`),
+# and the arena's field holds them beside its own (`arena.registry`).
+SELECTORS: dict[str, type[Selector]] = {cls.name: cls for cls in (DraftSelector, CoinSelector, CacheBlendSelector)}
