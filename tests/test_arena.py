@@ -327,7 +327,7 @@ def test_each_pair_is_asked_once_so_holm_counts_five_questions_not_six():
 
 
 def test_an_arena_p_near_its_holm_threshold_is_refined_like_the_claims():
-    from bcr_core.analysis import precision
+    from bcr_core.analysis import monte_carlo
 
     n, rng = 200, np.random.default_rng(3)
     d = rng.normal(0, 1, n)
@@ -335,7 +335,7 @@ def test_an_arena_p_near_its_holm_threshold_is_refined_like_the_claims():
     coin = 5.0 + rng.uniform(0, 1, n)
     table = measures.verdicts(measures.arena_frame(fake_calls({"draft": list(coin - gain), "coin:seed=0": list(coin)})))
     row = table.set_index("claim").loc["draft beats coin"]
-    assert len(table) == 1 and row["resamples"] > precision.RESAMPLES
+    assert len(table) == 1 and row["resamples"] > monte_carlo.RESAMPLES
 
 
 def test_a_p_at_the_sign_flip_floor_is_printed_as_the_floor_not_as_a_value():

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bcr_core.analysis.stats import mcnemar_exact
+from bcr_core.analysis.binary import mcnemar_exact
 from bcr_core.analysis.summary import condition_table
 from bcr_core.errors import UsageError
 from bcr_core.runs import run_writer, runner

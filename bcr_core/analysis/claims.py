@@ -13,6 +13,7 @@ import pandas as pd
 
 from bcr_core.analysis import inference as inf
 from bcr_core.analysis import line, tax
+from bcr_core.analysis.binary import mcnemar_exact
 from bcr_core.analysis.protocol import (
     MIN_EFFECT,
     REPAIR_MARGIN,
@@ -26,7 +27,6 @@ from bcr_core.analysis.protocol import (
     rows_differ,
     rows_text,
 )
-from bcr_core.analysis.stats import mcnemar_exact
 from bcr_core.analysis.summary import with_agreement
 from bcr_core.conditions import find, parse, with_options
 

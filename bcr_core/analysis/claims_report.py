@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from bcr_core.analysis import claims, claims_grid, precision
+from bcr_core.analysis import claims, claims_grid, monte_carlo
 from bcr_core.analysis import transfer as transfer_test
 from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, MIN_EFFECT, REPAIR_MARGIN
 from bcr_core.analysis.summary import GRID, condition_table
@@ -106,15 +106,15 @@ def effect_text(row) -> str:
 
 
 def p_text(p) -> str:
-    return precision.p_text(p)
+    return monte_carlo.p_text(p)
 
 
 def p_texts(row) -> tuple[str, str]:
     """The raw and Holm p of a row: "< 1/R" at the sign-flip floor, and Holm's then a bound."""
     resamples = getattr(row, "resamples", None)
     resamples = None if resamples is None or pd.isna(resamples) else int(resamples)
-    floor = precision.at_floor(row.p, resamples)
-    return precision.p_text(row.p, resamples), precision.p_text(row.p_holm, bound=floor)
+    floor = monte_carlo.at_floor(row.p, resamples)
+    return monte_carlo.p_text(row.p, resamples), monte_carlo.p_text(row.p_holm, bound=floor)
 
 
 def power_text(row) -> str:
@@ -247,8 +247,8 @@ def transfer_cells(row, model: str) -> list[str]:
             f"{scale * row['diff_hi']:+.{digits}f}], n = {int(row['diff_n'])}"
         )
     margin = "" if pd.isna(row.get("margin")) else f"±{scale * row['margin']:g}{unit}"
-    holm = "" if pd.isna(row["diff_p_holm"]) else precision.p_text(row["diff_p_holm"])
-    tost = "" if pd.isna(row["tost_p_holm"]) else precision.p_text(row["tost_p_holm"])
+    holm = "" if pd.isna(row["diff_p_holm"]) else monte_carlo.p_text(row["diff_p_holm"])
+    tost = "" if pd.isna(row["tost_p_holm"]) else monte_carlo.p_text(row["tost_p_holm"])
     return [diff, holm, margin, tost, row["transfers"]]
 
 

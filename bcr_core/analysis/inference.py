@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy import stats
 
-from bcr_core.analysis.stats import wilson_ci
+from bcr_core.analysis.binary import wilson_ci
 
 ALPHA = 0.05
 POWER = 0.80

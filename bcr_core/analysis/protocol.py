@@ -25,7 +25,7 @@ The rules (paper §4, App. D), the same for every row:
   member, and agreement with Dense and KL to Dense are printed beside it as description.
 - The claims of one table are one family: Holm-adjusted p beside the raw p, verdicts read from the
   adjusted one. Sign-flip p values are refined where their Monte-Carlo error could cross their
-  Holm threshold (`bcr_core.analysis.precision`). An undecided claim gives the items 80% power
+  Holm threshold (`bcr_core.analysis.monte_carlo`). An undecided claim gives the items 80% power
   of the test that decides it would need at a stated effect (`MIN_EFFECT`, prospective) and at the
   observed one (post hoc), and the smallest difference the current n detects.
 """
@@ -38,9 +38,9 @@ import numpy as np
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
-from bcr_core.analysis import precision
-from bcr_core.analysis.precision import RESAMPLES, exact
-from bcr_core.analysis.stats import mcnemar_exact
+from bcr_core.analysis import monte_carlo
+from bcr_core.analysis.binary import mcnemar_exact
+from bcr_core.analysis.monte_carlo import RESAMPLES, exact
 
 ALPHA = inf.ALPHA
 MARGIN = 0.03  # equivalence margin of a null claim with no margin of its own: 3 points of accuracy
@@ -209,11 +209,11 @@ def family(rows: list[Verdict], seed: int = 0) -> pd.DataFrame:
         if seed and row.resamples:
             row.p = inf.sign_flip(row.per_item, resamples=row.resamples, seed=seed)
     for _ in range(4):
-        thresholds = precision.holm_thresholds([r.p for r in rows], ALPHA)
+        thresholds = monte_carlo.holm_thresholds([r.p for r in rows], ALPHA)
         moved = False
         for row, threshold in zip(rows, thresholds):
-            if row.resamples and threshold is not None and precision.close_to(row.p, threshold, row.resamples):
-                p, resamples = precision.refine(row.per_item, row.p, threshold, row.resamples, seed)
+            if row.resamples and threshold is not None and monte_carlo.close_to(row.p, threshold, row.resamples):
+                p, resamples = monte_carlo.refine(row.per_item, row.p, threshold, row.resamples, seed)
                 moved |= resamples != row.resamples
                 row.p, row.resamples = p, resamples
         if not moved:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bcr_core.analysis.binary import SPLIT, paired_split, wilson_ci
 from bcr_core.analysis.inference import sign_flip
 from bcr_core.analysis.protocol import paired, realised_rows
-from bcr_core.analysis.stats import SPLIT, paired_split, wilson_ci
 from bcr_core.conditions import find
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole

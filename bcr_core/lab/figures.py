@@ -25,7 +25,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from bcr_core.analysis.stats import reuse_accuracy_line
+from bcr_core.analysis.line import reuse_accuracy_line
 from bcr_core.analysis.summary import with_agreement
 
 PANELS = {"accuracy": "accuracy (%)", "agrees_dense": "items identical to Dense (%)"}

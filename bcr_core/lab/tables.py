@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from bcr_core.analysis.stats import line_residuals, paired_split, reuse_accuracy_line
+from bcr_core.analysis.binary import paired_split
+from bcr_core.analysis.line import line_residuals, reuse_accuracy_line
 from bcr_core.analysis.summary import paired_only, with_agreement
 from bcr_core.conditions import SPECS, layout_config, parse
 from bcr_core.errors import UsageError
@@ -311,7 +312,7 @@ def decomposition(items: pd.DataFrame, dense: str, matched: str, reuse: str) -> 
     """The cost of reuse split in two (paper §4.3): Dense vs token-matched Dense is the tokenization
     term (same computation, other ids), token-matched Dense vs reuse the approximation term (same ids,
     predicted cache). Per term: accuracy points first − second, the paired split with the first as
-    reference (`stats.paired_split`), and the second's agreement with Dense."""
+    reference (`binary.paired_split`), and the second's agreement with Dense."""
     items = with_agreement(paired_only(items), dense)
     wide = items.pivot(index="item_id", columns="condition", values="correct").astype(bool)
     agree = items.pivot(index="item_id", columns="condition", values="agrees_dense")

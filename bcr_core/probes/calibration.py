@@ -20,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from bcr_core.agents.pipeline import Pipeline
-from bcr_core.analysis.stats import wilson_ci
+from bcr_core.analysis.binary import wilson_ci
 from bcr_core.data import benchmarks, synthetic
 from bcr_core.data.roles import PROMPTS
 from bcr_core.engine.stopping import RULES

@@ -1,4 +1,4 @@
-"""Paired statistics for the BCR reproduction (paper §4, "The statistical protocol").
+"""Binary outcomes on paired items (paper §4, "The statistical protocol"): exact McNemar, Wilson, the split.
 
 Every comparison in the paper is paired: two conditions run the same items, and the
 discordant split b/c is reported before any p-value, with p from an exact two-sided
@@ -14,18 +14,15 @@ All probability machinery comes from `scipy.stats`.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
-import pandas as pd
 from scipy import stats
 
 __all__ = [
     "mcnemar_exact",
     "wilson_ci",
     "discordant",
-    "reuse_accuracy_line",
-    "line_residuals",
     "paired_split",
 ]
 
@@ -99,77 +96,6 @@ def discordant(a: Iterable[object], b: Iterable[object]) -> tuple[int, int]:
     """
     first, second = _paired_bool(a, b)
     return int(np.sum(first & ~second)), int(np.sum(~first & second))
-
-
-# ---------------------------------------------------------------- Equation 3
-
-
-def reuse_accuracy_line(dense_acc, reuse_acc, reuse_rate: float) -> Callable[[float], float | np.ndarray]:
-    """The reuse-accuracy line of Equation 3 (paper §4.2).
-
-    The paper draws the line through Dense at reuse 0 and unmodified KVComm at its
-    realised reuse rate (0.600 in Table 7), not at reuse 1:
-    slope = (85.3 - 75.3) / 0.600 = 16.7, so accuracy(%) = 85.3 - 16.7 x reuse rate.
-    In general, with r_K = `reuse_rate` (the reuse endpoint's realised reuse rate):
-
-        acc(r) = dense_acc - (dense_acc - reuse_acc) / r_K * r
-
-    so acc(0) = dense_acc and acc(r_K) = reuse_acc. Accuracies may be percent or
-    fractions; the line keeps whatever unit it is given. They may also be arrays of
-    per-item outcomes (one line per item, as the claims test it: `analysis.line`).
-    Returns a function of r that accepts a scalar or an array.
-    """
-    dense = np.asarray(dense_acc, dtype=float)
-    reuse = np.asarray(reuse_acc, dtype=float)
-    r_k = float(reuse_rate)
-    if not 0.0 < r_k <= 1.0:
-        raise ValueError(
-            f"reuse_rate (the reuse endpoint's realised reuse rate) must lie in (0, 1], got {reuse_rate!r}"
-        )
-    slope = (dense - reuse) / r_k
-
-    def line(r: float | np.ndarray) -> float | np.ndarray:
-        """Accuracy Equation 3 predicts at reuse rate r."""
-        pred = dense - slope * np.asarray(r, dtype=float)
-        return float(pred) if pred.ndim == 0 else pred
-
-    line.slope = float(slope) if slope.ndim == 0 else slope  # type: ignore[attr-defined]
-    return line
-
-
-def line_residuals(
-    points: Iterable[Sequence[object]] | pd.DataFrame,
-    dense_acc: float,
-    reuse_acc: float,
-    reuse_rate: float,
-) -> pd.DataFrame:
-    """Equation 3's prediction and residual for (name, reuse_rate, accuracy) points.
-
-    `points` is an iterable of (name, reuse_rate, accuracy) triples or a DataFrame
-    with those three columns. The line is `reuse_accuracy_line(dense_acc, reuse_acc,
-    reuse_rate)`; residual = accuracy - prediction, so a positive residual is
-    accuracy earned beyond the line (Table 7's "resid.").
-    Columns: name, reuse_rate, accuracy, prediction, residual.
-    """
-    line = reuse_accuracy_line(dense_acc, reuse_acc, reuse_rate)
-    cols = ["name", "reuse_rate", "accuracy"]
-    if isinstance(points, pd.DataFrame):
-        missing = [col for col in cols if col not in points.columns]
-        if missing:
-            raise ValueError(f"points frame lacks columns {missing}")
-        frame = points[cols].reset_index(drop=True).copy()
-    else:
-        rows = [tuple(p) for p in points]
-        if any(len(row) != 3 for row in rows):
-            raise ValueError("each point must be a (name, reuse_rate, accuracy) triple")
-        frame = pd.DataFrame(rows, columns=cols)
-    frame["reuse_rate"] = frame["reuse_rate"].astype(float)
-    frame["accuracy"] = frame["accuracy"].astype(float)
-    if ((frame["reuse_rate"] < 0) | (frame["reuse_rate"] > 1)).any():
-        raise ValueError("every point's reuse_rate must lie in [0, 1]")
-    frame["prediction"] = line(frame["reuse_rate"].to_numpy())
-    frame["residual"] = frame["accuracy"] - frame["prediction"]
-    return frame
 
 
 # ---------------------------------------------------------------- paired table

@@ -1,4 +1,4 @@
-"""Tests for bcr_core.analysis.stats against values computed independently of scipy where possible."""
+"""Tests for bcr_core.analysis.binary against values computed independently of scipy where possible."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.analysis.stats import (
-    discordant,
-    line_residuals,
-    mcnemar_exact,
-    reuse_accuracy_line,
-    wilson_ci,
-)
+from bcr_core.analysis.binary import discordant, mcnemar_exact, wilson_ci
+from bcr_core.analysis.line import line_residuals, reuse_accuracy_line
 from bcr_core.analysis.summary import condition_table
 from bcr_core.errors import UsageError
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bcr_core.analysis import inference, precision, protocol
+from bcr_core.analysis import inference, monte_carlo, protocol
 
 
 def near_threshold_gain(n: int = 200, seed: int = 3) -> np.ndarray:
@@ -16,18 +16,18 @@ def near_threshold_gain(n: int = 200, seed: int = 3) -> np.ndarray:
 
 def test_a_p_near_its_holm_threshold_gets_more_flips_and_one_far_from_it_does_not():
     d = near_threshold_gain()
-    p = inference.sign_flip(d, resamples=precision.RESAMPLES)
-    assert precision.close_to(p, 0.05 / 8, precision.RESAMPLES)
-    refined, flips = precision.refine(d, p, 0.05 / 8)
+    p = inference.sign_flip(d, resamples=monte_carlo.RESAMPLES)
+    assert monte_carlo.close_to(p, 0.05 / 8, monte_carlo.RESAMPLES)
+    refined, flips = monte_carlo.refine(d, p, 0.05 / 8)
     assert (
-        flips > precision.RESAMPLES
-        and not precision.close_to(refined, 0.05 / 8, flips)
-        or (flips == precision.MAX_RESAMPLES)
+        flips > monte_carlo.RESAMPLES
+        and not monte_carlo.close_to(refined, 0.05 / 8, flips)
+        or (flips == monte_carlo.MAX_RESAMPLES)
     )
     far = np.random.default_rng(0).normal(1.0, 1, 200)
     p_far = inference.sign_flip(far)
-    assert precision.refine(far, p_far, 0.05 / 8) == (p_far, precision.RESAMPLES)
-    assert precision.exact(12, precision.RESAMPLES) and not precision.exact(200, precision.MAX_RESAMPLES)
+    assert monte_carlo.refine(far, p_far, 0.05 / 8) == (p_far, monte_carlo.RESAMPLES)
+    assert monte_carlo.exact(12, monte_carlo.RESAMPLES) and not monte_carlo.exact(200, monte_carlo.MAX_RESAMPLES)
 
 
 def test_a_verdict_near_its_threshold_is_the_same_for_every_resampler_seed():
@@ -40,7 +40,7 @@ def test_a_verdict_near_its_threshold_is_the_same_for_every_resampler_seed():
         rows = [protocol.mean_claim("near", "", "kl_mean", "", d)]
         rows += [protocol.mean_claim(f"null {k}", "", "kl_mean", "", x - x.mean()) for k, x in enumerate(nulls)]
         table = protocol.family(rows, seed=seed).set_index("claim")  # near is the smallest of 8: threshold 0.05 / 8
-        assert table.loc["near", "resamples"] > precision.RESAMPLES  # refined past the first draw
+        assert table.loc["near", "resamples"] > monte_carlo.RESAMPLES  # refined past the first draw
         verdicts.add(table.loc["near", "verdict"])
     assert verdicts == {"holds"}  # p about 0.0055 < 0.00625 on every seed
 
@@ -50,10 +50,10 @@ def test_the_floor_prints_as_a_bound():
     floor = 1 / (flips + 1)  # no flip's |mean| reaches the observed one: (0 + 1) / (R + 1)
     ones = np.ones(200)
     assert inference.sign_flip(ones, resamples=flips) == pytest.approx(floor)
-    assert precision.p_text(floor, flips) == "< 5e-05"
-    assert precision.p_text(0.0123, flips) == "0.012" and precision.p_text(0.0123) == "0.012"
-    assert precision.p_text(26 * floor, bound=True) == "< 0.0013"
-    assert precision.holm_thresholds([0.01, None, 0.001, 0.2]) == [0.05 / 2, None, 0.05 / 3, 0.05]
+    assert monte_carlo.p_text(floor, flips) == "< 5e-05"
+    assert monte_carlo.p_text(0.0123, flips) == "0.012" and monte_carlo.p_text(0.0123) == "0.012"
+    assert monte_carlo.p_text(26 * floor, bound=True) == "< 0.0013"
+    assert monte_carlo.holm_thresholds([0.01, None, 0.001, 0.2]) == [0.05 / 2, None, 0.05 / 3, 0.05]
 
 
 def test_prospective_power_of_the_sign_flip_reaches_80_percent_by_simulation():
