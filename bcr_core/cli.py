@@ -71,7 +71,7 @@ def flag_options(setting: Setting) -> dict:
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    from bcr_core.runs.run_settings import RUN
+    from bcr_core.schema import RUN
 
     add_settings(parser, pick(RUN, "model", "dtype"))
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
@@ -155,14 +155,14 @@ def add_ttft(sub) -> None:
 
 
 def add_run(sub) -> None:
-    from bcr_core.runs.run_settings import RUN
+    from bcr_core.schema import RUN
 
     about = "a grid cell: one benchmark and agent count under several conditions"
     add_run_folder_command(sub, "run", about, RUN, cmd_run)
 
 
 def add_arena(sub) -> None:
-    from bcr_core.runs.run_settings import ARENA
+    from bcr_core.schema import ARENA
 
     about = "every selector on the same assembled caches at the same rows, against Dense"
     add_run_folder_command(sub, "arena", about, ARENA, cmd_arena)
@@ -200,7 +200,7 @@ def add_arena_deepen(sub) -> None:
 
 
 def add_calibrate(sub) -> None:
-    from bcr_core.runs.run_settings import RUN
+    from bcr_core.schema import RUN
 
     calibrate = sub.add_parser(
         "calibrate",

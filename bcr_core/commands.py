@@ -67,8 +67,8 @@ def cmd_run(args) -> int:
     from bcr_core.engine.loading import load_backbone
     from bcr_core.run_folder import RunFolder
     from bcr_core.runs.cell import RunSettings
-    from bcr_core.runs.run_settings import RUN
     from bcr_core.runs.runner import run_cell
+    from bcr_core.schema import RUN
 
     run = RunSettings(**settings_of(args, RUN))
     cell = run.cell()  # every setting and condition checked before the model loads
@@ -85,7 +85,7 @@ def cmd_arena(args) -> int:
     from bcr_core.arena.run import make_arena_cell, run_arena
     from bcr_core.engine.loading import load_backbone
     from bcr_core.run_folder import RunFolder
-    from bcr_core.runs.run_settings import ARENA
+    from bcr_core.schema import ARENA
 
     cell = make_arena_cell(**settings_of(args, ARENA))
     run_arena(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True)

@@ -1,5 +1,5 @@
 """The one settings model: the kinds of value a setting takes and the one validator every surface
-uses (`check_setting`). The settings of `bcr run` built from them (`bcr_core.runs.run_settings.RUN`),
+uses (`check_setting`). The settings of `bcr run` built from them (`bcr_core.schema.RUN`),
 which `bcr grid` and the notebooks' parameter cells read too, live with the runner.
 
 A bad value is a `SettingError` that names the key, what was given and what the key expects, on

@@ -115,7 +115,7 @@ def parsed(argv: list[str]):
 
 def test_bcr_run_s_flags_read_back_every_run_setting_at_its_default():
     from bcr_core.commands import settings_of
-    from bcr_core.runs.run_settings import RUN
+    from bcr_core.schema import RUN
 
     args = parsed(["run", "--benchmark", "synthetic", "--conditions", "dense,kvcomm", "--n", "3", "--out", "x"])
     given = {"benchmark": "synthetic", "conditions": "dense,kvcomm", "n": 3}
@@ -127,7 +127,7 @@ def test_bcr_run_s_flags_read_back_every_run_setting_at_its_default():
 def test_bcr_arena_s_flags_are_the_arena_schema_with_its_own_defaults():
     from bcr_core.arena.run import make_arena_cell
     from bcr_core.commands import settings_of
-    from bcr_core.runs.run_settings import ARENA, RUN
+    from bcr_core.schema import ARENA, RUN
 
     settings = settings_of(parsed(["arena", "--n", "5", "--out", "x"]), ARENA)
     assert settings == {key: s.default for key, s in ARENA.items()} | {"n": 5}
@@ -140,7 +140,7 @@ def test_bcr_arena_s_flags_are_the_arena_schema_with_its_own_defaults():
 
 
 def test_each_generated_flag_shows_its_setting_s_help_and_choices():
-    from bcr_core.runs.run_settings import ARENA
+    from bcr_core.schema import ARENA
 
     arena = cli.build_parser()._subparsers._group_actions[0].choices["arena"]
     flags = {a.dest: a for a in arena._actions}
@@ -160,7 +160,7 @@ def test_make_arena_cell_names_an_unknown_or_missing_setting():
 
 def test_saved_inspections_key_on_notebook_parameters_checked_as_the_runs_are():
     from bcr_core.lab import saved_inspection
-    from bcr_core.runs.run_settings import ARENA, RUN
+    from bcr_core.schema import ARENA, RUN
 
     for key in saved_inspection.KEYS:
         assert key in params.SCHEMA, key

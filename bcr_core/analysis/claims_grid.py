@@ -7,7 +7,7 @@ folders on the same items pair by item id). Its table is `summary.condition_tabl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +15,8 @@ import pandas as pd
 from bcr_core.conditions import condition
 from bcr_core.errors import UsageError
 from bcr_core.run_folder import run_folders
+from bcr_core.schema import CLAIMS
+from bcr_core.setting_kinds import check_settings
 
 GATE = "gate"  # the gate sweep's run folder: its own Dense and KVComm, read apart from the main grid
 # The gate sweep on items of an item seed no run had read, with gamma settings between KVComm and
@@ -58,23 +60,27 @@ class ClaimsGrid:
     (with B = 64 every call is under rho M = 64 and skipped); every repair condition carries the
     same B so the skip rule skips the same calls for all of them."""
 
-    benchmark: str = "synthetic"
-    agents: int = 3
-    n: int = 200
-    max_new_tokens: int = 8
-    chunk: int = 16
-    seeds: tuple[int, ...] = (0, 1, 2)
-    gammas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0)  # between OpenGate and KVComm's reuse, and beyond
-    theta: float = 0.5
-    item_seed: int = 0
-    gate_n: int = 100  # items of the gate sweep (its own Dense and KVComm arms included)
-    rhos: tuple[float, ...] = (0.4,)  # BCR-chunk's other budgets: repair cannot touch the tax "whatever its budget"
-    segment_tokens: int = 1280  # the unit curve's segment: at budget 0.2, 256 rows = whole units of 1-256
-    unit_prompts: int = 12  # documents the unit curve predicts, each from the others' anchors
+    benchmark: str = CLAIMS["benchmark"].default
+    agents: int = CLAIMS["agents"].default
+    n: int = CLAIMS["n"].default
+    max_new_tokens: int = CLAIMS["max_new_tokens"].default
+    chunk: int = CLAIMS["chunk"].default
+    seeds: tuple[int, ...] = tuple(CLAIMS["seeds"].default)
+    gammas: tuple[float, ...] = tuple(CLAIMS["gammas"].default)
+    theta: float = CLAIMS["theta"].default
+    item_seed: int = CLAIMS["item_seed"].default
+    gate_n: int = CLAIMS["gate_n"].default
+    rhos: tuple[float, ...] = tuple(CLAIMS["rhos"].default)
+    segment_tokens: int = CLAIMS["segment_tokens"].default
+    unit_prompts: int = CLAIMS["unit_prompts"].default
 
     def __post_init__(self):
-        for name in ("seeds", "gammas", "rhos"):  # a notebook's lists, kept as tuples
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+        """Every field checked by the schema (`bcr_core.schema.CLAIMS`), a notebook's lists kept as tuples."""
+        checked = check_settings(
+            CLAIMS, {f.name: getattr(self, f.name) for f in fields(self)}, label=lambda key: f"ClaimsGrid.{key}"
+        )
+        for name, value in checked.items():
+            object.__setattr__(self, name, tuple(value) if isinstance(value, list) else value)
 
     def label(self, name: str, value: float | None = None, **options) -> str:
         """A repair condition of the grid: its B, and the options given."""

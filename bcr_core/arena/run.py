@@ -30,9 +30,9 @@ from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.run_settings import ARENA, ARENA_RHOS
 from bcr_core.runs.run_writer import RunFiles
 from bcr_core.runs.runner import Interrupted, SharedReference, item_record
+from bcr_core.schema import ARENA, ARENA_RHOS
 from bcr_core.setting_kinds import check_settings
 
 

@@ -18,7 +18,7 @@ import os
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from bcr_core.runs.run_settings import ARENA, FRACTION, RUN, SEED, ConditionName
+from bcr_core.schema import ARENA, CLAIMS, RUN, ConditionName
 from bcr_core.setting_kinds import (  # noqa: F401  (the kinds, re-exported: notebooks declare parameters with them)
     Bool,
     Float,
@@ -38,29 +38,27 @@ class ParameterError(SettingError, TypeError):
 
 LAYOUT_NAMES = ("chunk", "grow", "single")
 
-# The settings a notebook shares with `bcr run` and `bcr arena`, checked as they check them
-# (`bcr_core.runs.run_settings.RUN` and `ARENA`) and passed on by name (`Params.settings_of`).
+# The settings a notebook shares with `bcr run`, `bcr arena` and the claims' grid, checked as they
+# check them (`bcr_core.schema.RUN`, `ARENA`, `CLAIMS`) and passed on by name (`Params.settings_of`).
 SHARED_WITH_RUN = ("model", "dtype", "benchmark", "agents", "n", "max_new_tokens", "item_seed", "pinned")
 SHARED_WITH_ARENA = ("rho", "rhos", "chunk", "gamma", "selectors")
+SHARED_WITH_CLAIMS = ("gammas", "theta", "seeds", "segment_tokens")
 
 # Every parameter any notebook declares, with the kind of value it takes.
 SCHEMA: dict[str, Kind] = (
     {key: RUN[key].kind for key in SHARED_WITH_RUN}
     | {key: ARENA[key].kind for key in SHARED_WITH_ARENA}
+    | {key: CLAIMS[key].kind for key in SHARED_WITH_CLAIMS}
     | {
         "conditions": ListOf(ConditionName()),
         "condition": ConditionName(),
         "reuse": ConditionName(),  # a reuse condition, e.g. kvcomm or kvcomm@1
-        "gammas": ListOf(FRACTION),
-        "theta": FRACTION,
-        "seeds": ListOf(SEED),  # at least one
         "block": Int(1),
         "item": Optional(Int(0)),
         "call": Optional(Str()),
         "layer": Optional(Int(0)),
         "head": Optional(Int(0)),
         "layout": Str(LAYOUT_NAMES),
-        "segment_tokens": Int(8),
         "budget": Float(0.0, 1.0, open_low=True),
         "units": ListOf(Int(1)),
         "span_caps": ListOf(Int(1)),

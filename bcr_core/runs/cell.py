@@ -1,4 +1,4 @@
-"""The records made from `bcr run`'s settings (`runs.run_settings.RUN`): `RunSettings`, one command's
+"""The records made from `bcr run`'s settings (`bcr_core.schema.RUN`): `RunSettings`, one command's
 settings, and `Cell`, what one run folder holds (benchmark x agent count, its items and new tokens,
 under several conditions), which `cell.json` records. Both check every setting and condition when
 made, before any folder is touched.
@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
-from bcr_core.runs.run_settings import RUN, check_run, served_dtype, settings_record
+from bcr_core.runs.run_settings import check_run, served_dtype, settings_record
+from bcr_core.schema import RUN
 from bcr_core.setting_kinds import SettingError
 from bcr_core.spec_grammar import is_coin, split
 

@@ -17,7 +17,7 @@ from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
 from bcr_core.paths import utf8_text
 from bcr_core.runs.cell import Cell, RunSettings
-from bcr_core.runs.run_settings import RUN
+from bcr_core.schema import RUN
 from bcr_core.setting_kinds import SettingError, check_setting, cli_label
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a cell name is a folder name
