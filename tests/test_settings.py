@@ -194,3 +194,26 @@ def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too()
     assert make_selector(parse("coin-chunk:chunk=8,seed=3")).unit == 8
     assert make_selector(parse("coin-single:chunk=8,seed=3")).unit == 1
     assert make_selector(parse("coin-chunk:seed=3")).seed == 3
+
+
+def test_notebooks_10_and_11_start_from_the_schema_s_defaults():
+    """Their parameter cells are what a user edits; each setting they share with the claims' grid or the
+    arena starts at the schema's default, so the notebook and `bcr arena` / `ClaimsGrid` run the same."""
+    from ast import literal_eval
+
+    from bcr_core.analysis.claims_grid import ClaimsGrid
+    from bcr_core.lab.notebooks import declared_parameters, notebook_paths
+    from bcr_core.schema import ARENA, CLAIMS
+
+    paths = {p.name[:2]: p for p in notebook_paths()}
+    for key, schema in (("10", CLAIMS), ("11", ARENA)):
+        declared = declared_parameters(paths[key])
+        shared = [
+            n for n in declared if n in schema and not schema[n].required and n not in ("model", "dtype", "seeds")
+        ]
+        assert len(shared) >= 5, (key, shared)
+        for name in shared:
+            assert literal_eval(declared[name]["default"]) == schema[name].default, (key, name)
+    with pytest.raises(SettingError, match=r"ClaimsGrid.gammas: entry 0: 1.5 is outside in \[0, 1\]"):
+        ClaimsGrid(gammas=[1.5])
+    assert ClaimsGrid(seeds=[4]).seeds == (4,)
