@@ -34,7 +34,7 @@ from bcr_core.commands import (
 )
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS
-from bcr_core.setting_kinds import Bool, Number, Optional, Setting, Str, cli_label, with_defaults
+from bcr_core.setting_kinds import Bool, Number, Setting, Str, cli_label, with_defaults
 
 
 def add_settings(parser: argparse.ArgumentParser, schema: dict[str, Setting]) -> None:
@@ -56,7 +56,7 @@ def without(schema: dict[str, Setting], *keys: str) -> dict[str, Setting]:
 def flag_options(setting: Setting) -> dict:
     """`add_argument`'s options for a setting. A list is typed as comma-separated text (its default
     shown so), which `commands.settings_of` reads back into the list."""
-    kind = setting.kind.inner if isinstance(setting.kind, Optional) else setting.kind
+    kind = setting.plain_kind
     options = {"help": setting.help, "required": True} if setting.required else {"help": setting.help}
     if not setting.required:
         default = setting.default

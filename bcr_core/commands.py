@@ -338,12 +338,12 @@ ITEMS = {int: "integers", float: "numbers", str: "names"}
 def settings_of(args, schema: dict) -> dict:
     """The settings of `schema` from parsed flags (`cli.add_settings` made them): a list given as
     comma-separated text read back into its list; everything else as parsed, for the schema to check."""
-    from bcr_core.setting_kinds import ListOf, Optional, cli_label
+    from bcr_core.setting_kinds import ListOf, cli_label
 
     out = {}
     for key, setting in schema.items():
         value = getattr(args, key)
-        kind = setting.kind.inner if isinstance(setting.kind, Optional) else setting.kind
+        kind = setting.plain_kind
         if isinstance(value, str) and isinstance(kind, ListOf) and not kind.accepts(value):
             value = split_list(value, kind.item.cast, cli_label(key))
         out[key] = value

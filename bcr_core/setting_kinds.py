@@ -1,6 +1,7 @@
 """The one settings model: the kinds of value a setting takes and the one validator every surface
-uses (`check_setting`). The settings of `bcr run` built from them (`bcr_core.schema.RUN`),
-which `bcr grid` and the notebooks' parameter cells read too, live with the runner.
+uses (`check_setting`), and `Setting`, one setting's kind, default and help. The lab's settings are
+built from them in `bcr_core.schema`, which `bcr`'s flags, `bcr grid` and the notebooks' parameter
+cells read.
 
 A bad value is a `SettingError` that names the key, what was given and what the key expects, on
 one line: `--agents: expected int in [2, 5], got 9 (9 is outside in [2, 5])`. The key travels with
@@ -217,18 +218,28 @@ class Setting:
     required: bool = False
     help: str = ""
 
+    @property
+    def plain_kind(self) -> Kind:
+        """The kind a value has when one is given (`Optional`'s inner kind)."""
+        return self.kind.inner if isinstance(self.kind, Optional) else self.kind
 
-def check_settings(schema: dict[str, Setting], settings: dict, label=cli_label) -> dict:
-    """Every setting of `schema`: those given, each by the one validator (`label(key)` names it in the
-    error), the rest at their defaults; a key the schema lacks, or a required one missing, is an error."""
+
+def check_given(schema: dict[str, Setting], settings: dict, label=cli_label, required: bool = False) -> dict:
+    """The settings given, each by the one validator (`label(key)` names it in the error); a key the
+    schema lacks is an error naming the schema's keys, and with `required`, so is a required one missing."""
     unknown = [key for key in settings if key not in schema]
     if unknown:
         raise SettingError(unknown[0], f"unknown setting; the settings: {', '.join(schema)}", label(unknown[0]))
-    missing = [key for key, s in schema.items() if s.required and settings.get(key) is None]
+    missing = [key for key, s in schema.items() if required and s.required and settings.get(key) is None]
     if missing:
         raise SettingError(missing[0], "missing; it has no default", label(missing[0]))
-    checked = {key: check_setting(key, value, schema[key].kind, label(key)) for key, value in settings.items()}
-    return {key: s.default for key, s in schema.items()} | checked
+    return {key: check_setting(key, value, schema[key].kind, label(key)) for key, value in settings.items()}
+
+
+def check_settings(schema: dict[str, Setting], settings: dict, label=cli_label) -> dict:
+    """Every setting of `schema`: those given checked (`check_given`, required ones too), the rest at
+    their defaults."""
+    return {key: s.default for key, s in schema.items()} | check_given(schema, settings, label, required=True)
 
 
 def with_defaults(schema: dict[str, Setting], **defaults) -> dict[str, Setting]:

@@ -13,11 +13,7 @@ from bcr_core.agents.graph import full_connected
 from bcr_core.data.benchmarks import item_draw
 from bcr_core.engine.models import default_device, dtype_name, resolve_dtype
 from bcr_core.schema import RUN
-from bcr_core.setting_kinds import (
-    SettingError,
-    check_setting,
-    cli_label,
-)
+from bcr_core.setting_kinds import SettingError, check_given, cli_label
 
 
 def served_dtype(dtype: str, model: str) -> str:
@@ -29,10 +25,7 @@ def served_dtype(dtype: str, model: str) -> str:
 def check_run(settings: dict, label=cli_label) -> dict:
     """`bcr run`'s settings, each by the one validator (`label(key)` names it in the error), then
     the checks that read two keys; each error carries the key it is about."""
-    unknown = [key for key in settings if key not in RUN]
-    if unknown:
-        raise SettingError(unknown[0], f"unknown setting; the settings: {', '.join(RUN)}", label(unknown[0]))
-    checked = {key: check_setting(key, value, RUN[key].kind, label(key)) for key, value in settings.items()}
+    checked = check_given(RUN, settings, label)
     full = {key: s.default for key, s in RUN.items()} | checked
     if "benchmark" in full and full["benchmark"] is not None:
         try:
