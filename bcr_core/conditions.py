@@ -3,14 +3,14 @@
 Syntax: `name[@value][:key=value,...]`. The `@value` is the condition's main parameter: gamma for
 kvcomm, rho for the repair conditions (default 0.20), theta for opengate (0.5), the give-up
 probability for random-alloc (0.25), the paired BCR-chunk reuse rate r for cacheblend-reuse.
-Options (each condition's `Spec` lists what it takes; anything else is an error naming them):
+Options (each condition's `Definition` lists what it takes; anything else is an error naming them):
 `gamma=` (the KVComm gate under any policy), `seed=` (coin streams), `chunk=` (B: the chunk unit and
 the skip rule's B), `skip=alg1|off` (Algorithm 1's skip rule, on every layout), `rank=all|predicted`
 (rank every cached row, or only the rows KVComm predicted), `match=bcr-chunk|bcr-grow|bcr-single`
 (coin and CacheBlend: recompute on each call exactly as many rows as that BCR condition, with the
 same budget and options, recomputes on it), `tau=`, `span_cap=` (grow). Every condition is one
-`Spec` in `SPECS` (its factory, options, default value, and for a repair its selector, layout and
-budget): a repair condition is a selector and a layout; a new control is one Spec.
+`Definition` in `DEFINITIONS` (its factory, options, default value, and for a repair its selector, layout and
+budget): a repair condition is a selector and a layout; a new control is one Definition.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from bcr_core.repair.selectors import SELECTORS, CoinSelector, Selector
 from bcr_core.reuse.anchors import KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
 from bcr_core.setting_kinds import Float, Int, Str
-from bcr_core.spec_grammar import Option
+from bcr_core.spec_grammar import Family, Option, Spec
 
 GATE = {"gamma": Option(Float(0.0, 1.0), KVCommConfig.gamma, "KVComm's entropy gate (Equation 2)")}
 SEED = {"seed": Option(Int(), 0, "the stream's seed")}
@@ -58,26 +58,15 @@ MATCH = {
 GROW = {"tau": Option(Float(0.0, 1.0), LayoutConfig.tau), "span_cap": Option(Int(1), LayoutConfig.span_cap)}
 
 
-@dataclass(frozen=True)
-class Condition:
-    name: str
-    value: float | None = None
-    options: dict = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return spec_grammar.label(self.name, self.value, self.options)
-
-    def option(self, key: str):
-        """The option's value as written, else its default for this condition."""
-        return self.options.get(key, SPECS[self.name].options[key].default)
+class Condition(Spec):
+    """A condition's spec (`spec_grammar.Spec`), with the settings it runs."""
 
     @property
     def settings(self) -> tuple:
         """What the condition runs, every default filled in: two conditions with equal settings are
         the same run (`bcr-chunk`, `bcr-chunk@0.2` and `bcr-chunk:chunk=64` all are)."""
-        options = {key: self.option(key) for key in SPECS[self.name].options}
-        value = value_of(self)
+        options = {key: self.option(key) for key in DEFINITIONS[self.name].options}
+        value = self.default_value
         if self.name == "kvcomm":  # its value is the gate; a gamma option overrides it
             gamma = options.pop("gamma")
             value = gamma if "gamma" in self.options else value
@@ -85,14 +74,7 @@ class Condition:
 
 
 def parse(spec: str) -> Condition:
-    name, value, pairs = spec_grammar.split(spec)
-    if name not in SPECS:
-        raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(SPECS))}")
-    try:
-        number = float(value) if value else None
-    except ValueError:
-        raise UsageError(f"cannot read condition {spec!r}: expected name[@number][:key=value,...]") from None
-    return Condition(name, number, spec_grammar.read_options(spec, "condition", name, pairs, SPECS[name].options))
+    return CONDITIONS.read(spec)
 
 
 def find(conditions: list[str], spec: str) -> str:
@@ -125,22 +107,19 @@ def condition(name: str, value: float | None = None, **options) -> str:
     """A condition's label from its parts, checked as `parse` checks a written one; options given as
     None or at their defaults are left out (a coin's seed is kept), and KVComm's default gate too:
     condition("bcr-chunk", 0.2, chunk=64) == "bcr-chunk@0.2"; condition("kvcomm", 0.3) == "kvcomm"."""
-    if name not in SPECS:
-        raise UsageError(f"unknown condition {name!r}; known: {', '.join(sorted(SPECS))}")
-    if name == "kvcomm" and value == SPECS["kvcomm"].value:
+    if name == "kvcomm" and value == DEFINITIONS["kvcomm"].value:
         value = None
-    return parse(spec_grammar.label(name, value, spec_grammar.shown(name, options, SPECS[name].options))).label
+    return CONDITIONS.made(name, value, **options).label
 
 
 def with_options(spec: str, **options) -> str:
     """A condition's label with more options set (`with_options("bcr-chunk:chunk=16", rank="predicted")`)."""
-    c = parse(spec)
-    return parse(spec_grammar.label(c.name, c.value, c.options | options)).label
+    return parse(spec).with_options(**options).label
 
 
 def make_server(bb, spec: str | Condition):
     condition = parse(spec) if isinstance(spec, str) else spec
-    server = SPECS[condition.name].factory(bb, condition)
+    server = DEFINITIONS[condition.name].factory(bb, condition)
     server.name = condition.label
     return server
 
@@ -152,13 +131,8 @@ def kvcomm_config(c: Condition, gamma: float | None = None) -> KVCommConfig:
 
 def layout_config(c: Condition) -> LayoutConfig:
     return LayoutConfig(
-        **{key: c.option(key) for key in ("chunk", "tau", "span_cap", "skip") if key in SPECS[c.name].options}
+        **{key: c.option(key) for key in ("chunk", "tau", "span_cap", "skip") if key in DEFINITIONS[c.name].options}
     )
-
-
-def value_of(c: Condition) -> float | None:
-    """The condition's main value: as written, else its Spec's default."""
-    return SPECS[c.name].value if c.value is None else c.value
 
 
 def _kvcomm(bb, c: Condition):
@@ -169,8 +143,8 @@ def _repair(bb, c: Condition):
     return BCRServer(
         bb,
         make_selector(c),
-        layout(SPECS[c.name].layout, layout_config(c)),
-        value_of(c),
+        layout(DEFINITIONS[c.name].layout, layout_config(c)),
+        c.default_value,
         kvcomm_config(c),
         rank=c.option("rank"),
         match=matched_budget(c),
@@ -182,15 +156,17 @@ def matched_budget(c: Condition) -> MatchedBudget | None:
     paired = c.options.get("match", "none")  # only the controls take the option
     if paired == "none":
         return None
-    return MatchedBudget(SELECTORS[SPECS[paired].selector](), layout(SPECS[paired].layout, layout_config(c)))
+    return MatchedBudget(
+        SELECTORS[DEFINITIONS[paired].selector](), layout(DEFINITIONS[paired].layout, layout_config(c))
+    )
 
 
 def make_selector(c: Condition) -> Selector:
-    """The repair condition's selector (its Spec's). A coin is one stream over the whole run, seeded
+    """The repair condition's selector (its Definition's). A coin is one stream over the whole run, seeded
     once (the arena's coins draw afresh per call, `arena.registry`, since it measures calls apart),
     drawing once per chunk on the chunk layout, so every chunk (a short trailing one too) is equally
     likely, and once per row otherwise."""
-    spec = SPECS[c.name]
+    spec = DEFINITIONS[c.name]
     if spec.selector == CoinSelector.name:
         return CoinSelector(_seed(c), unit=c.option("chunk") if spec.layout == "chunk" else 1)
     return SELECTORS[spec.selector]()
@@ -205,8 +181,8 @@ def _cacheblend_reuse(bb, c: Condition):
     return BCRServer(
         bb,
         make_selector(c),
-        layout(SPECS[c.name].layout, layout_config(c)),
-        SPECS[c.name].budget(c),
+        layout(DEFINITIONS[c.name].layout, layout_config(c)),
+        DEFINITIONS[c.name].budget(c),
         kvcomm_config(c),
         rank=c.option("rank"),
     )
@@ -217,12 +193,12 @@ def _seed(c: Condition) -> int:
 
 
 @dataclass(frozen=True)
-class Spec:
+class Definition:
     """Everything one condition is, in one place: the factory that builds its server, the options
     it takes (anything else is refused, naming these), its main value when none is written, and for
     a repair, the selector that ranks the rows (`repair.selectors.SELECTORS`), the layout it spends
     its budget in (None: it repairs nothing) and the share of the cache that budget is (`rho`, from
-    the condition). A repair condition is a selector and a layout; a new control is one Spec."""
+    the condition). A repair condition is a selector and a layout; a new control is one Definition."""
 
     factory: Callable  # (bb, Condition) -> Server
     options: dict[str, Option] = field(default_factory=dict)
@@ -236,34 +212,34 @@ class Spec:
         """The share of the cache a repair condition recomputes; None for one that repairs nothing."""
         if self.layout is None:
             return None
-        return self.rho(c) if self.rho is not None else value_of(c)
+        return self.rho(c) if self.rho is not None else c.default_value
 
 
-def repair_spec(selector: str, layout_name: str, options: dict, about: str) -> Spec:
+def repair_spec(selector: str, layout_name: str, options: dict, about: str) -> Definition:
     """A repair condition: `selector` ranking rows for `layout_name`, at the paper's rho by default."""
-    return Spec(_repair, GATE | REPAIR | options, paper.RHO, layout_name, selector, about=about)
+    return Definition(_repair, GATE | REPAIR | options, paper.RHO, layout_name, selector, about=about)
 
 
-SPECS: dict[str, Spec] = {
-    "dense": Spec(lambda bb, c: DenseServer(bb), about="every call prefilled from scratch (the reference)"),
-    "token-matched-dense": Spec(
+DEFINITIONS: dict[str, Definition] = {
+    "dense": Definition(lambda bb, c: DenseServer(bb), about="every call prefilled from scratch (the reference)"),
+    "token-matched-dense": Definition(
         lambda bb, c: DenseServer(bb, token_matched=True), about="Dense on the reuse path's ids (§4.3)"
     ),
-    "kvcomm": Spec(_kvcomm, GATE, paper.GAMMA, about="KVComm: reuse when the entropy gate gamma passes"),
-    "opengate": Spec(
-        lambda bb, c: OpenGateServer(bb, value_of(c), config=kvcomm_config(c, 1.0)),
+    "kvcomm": Definition(_kvcomm, GATE, paper.GAMMA, about="KVComm: reuse when the entropy gate gamma passes"),
+    "opengate": Definition(
+        lambda bb, c: OpenGateServer(bb, c.default_value, config=kvcomm_config(c, 1.0)),
         {"gamma": Option(Float(0.0, 1.0), 1.0, "OpenGate runs with the entropy gate off (App. I)")},
         paper.OPENGATE_THETA,
         about="KVComm with the gate moved to the answer: keep if the draft's mean top-1 prob >= theta (App. I)",
     ),
-    "protect-root": Spec(
+    "protect-root": Definition(
         lambda bb, c: protect_root(bb, kvcomm_config(c)), GATE, about="Table 7: agent 1 always prefilled dense"
     ),
-    "protect-leaf": Spec(
+    "protect-leaf": Definition(
         lambda bb, c: protect_leaf(bb, kvcomm_config(c)), GATE, about="Table 7: the aggregator always prefilled dense"
     ),
-    "random-alloc": Spec(
-        lambda bb, c: RandomAllocationServer(bb, value_of(c), _seed(c), kvcomm_config(c)),
+    "random-alloc": Definition(
+        lambda bb, c: RandomAllocationServer(bb, c.default_value, _seed(c), kvcomm_config(c)),
         GATE | SEED,
         paper.RANDOM_ALLOCATION_P,
         about="Table 7: each reuse the gate allows is given up with probability p",
@@ -274,7 +250,7 @@ SPECS: dict[str, Spec] = {
     "coin-chunk": repair_spec("coin", "chunk", SEED | MATCH, "a fair coin per chunk"),
     "coin-single": repair_spec("coin", "single", SEED | MATCH, "a fair coin per row"),
     "cacheblend-cost": repair_spec("cacheblend", "single", MATCH, "CacheBlend's layer-1 rule at BCR's budget"),
-    "cacheblend-reuse": Spec(
+    "cacheblend-reuse": Definition(
         lambda bb, c: _cacheblend_reuse(bb, c),
         GATE | REPAIR,
         None,
@@ -284,5 +260,11 @@ SPECS: dict[str, Spec] = {
         about="CacheBlend at the paired BCR-chunk reuse rate r: rho = 1 - r",
     ),
 }
+CONDITIONS = Family(
+    "condition",
+    {name: d.options for name, d in DEFINITIONS.items()},
+    {name: d.value for name, d in DEFINITIONS.items()},
+    make=Condition,
+)
 # the repair conditions whose main value is the budget rho
-REPAIRS = tuple(name for name, spec in SPECS.items() if spec.layout is not None and spec.rho is None)
+REPAIRS = tuple(name for name, spec in DEFINITIONS.items() if spec.layout is not None and spec.rho is None)

@@ -90,20 +90,20 @@ def test_condition_options_use_the_same_validator():
 def test_every_option_of_every_condition_reads_its_own_default_back():
     """Written out as `name:key=default`, each option parses to its default (opengate's gamma was
     declared with `float` for its kind, and reading it crashed instead of parsing)."""
-    from bcr_core.conditions import SPECS
+    from bcr_core.conditions import DEFINITIONS
 
-    for name, spec in SPECS.items():
+    for name, spec in DEFINITIONS.items():
         for key, option in spec.options.items():
             text = f"{option.default:g}" if isinstance(option.default, float) else str(option.default)
             assert parse(f"{name}:{key}={text}").option(key) == option.default, (name, key)
 
 
-def test_every_condition_is_one_spec_and_the_readme_lists_each():
-    from bcr_core.conditions import SPECS
+def test_every_condition_is_one_definition_and_the_readme_lists_each():
+    from bcr_core.conditions import DEFINITIONS
     from bcr_core.paths import CHECKOUT
 
     table = (CHECKOUT / "README.md").read_text().split("| condition | what it is |")[1].split("\n\n")[0]
-    for name, spec in SPECS.items():
+    for name, spec in DEFINITIONS.items():
         assert spec.about and f"`{name}" in table, name
         assert (spec.layout is None) == (spec.budget(parse(f"{name}@0.3")) is None), name  # a budget iff a layout
 
@@ -172,7 +172,7 @@ def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too()
     """The paper's repair conditions written out (BCR = the draft's score; the coin; CacheBlend's
     layer-1 rule), each its selector and layout; the arena ranks with the same selector classes."""
     from bcr_core.arena.registry import SELECTORS as FIELD
-    from bcr_core.conditions import SPECS, make_selector
+    from bcr_core.conditions import DEFINITIONS, make_selector
     from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
 
     paper = {
@@ -184,7 +184,7 @@ def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too()
         "cacheblend-cost": ("cacheblend", "single"),
         "cacheblend-reuse": ("cacheblend", "single"),
     }
-    repairs = {name: (s.selector, s.layout) for name, s in SPECS.items() if s.layout is not None}
+    repairs = {name: (s.selector, s.layout) for name, s in DEFINITIONS.items() if s.layout is not None}
     assert repairs == paper
     classes = {"draft": DraftSelector, "coin": CoinSelector, "cacheblend": CacheBlendSelector}
     for name, (selector, _) in paper.items():

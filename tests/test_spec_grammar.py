@@ -5,7 +5,7 @@ import pytest
 
 from bcr_core import spec_grammar
 from bcr_core.arena.registry import make_entries, parse_spec
-from bcr_core.conditions import condition, expand_seeds, parse, with_options
+from bcr_core.conditions import CONDITIONS, condition, expand_seeds, parse, with_options
 from bcr_core.errors import UsageError
 from bcr_core.setting_kinds import Int, Str
 from bcr_core.spec_grammar import Option
@@ -87,7 +87,10 @@ def test_conditions_and_selectors_share_the_grammar():
         "coin-chunk@0.3:seed=3",
         "bcr-chunk",
     ]
-    assert parse_spec("cacheblend:layer=3") == ("cacheblend", {"layer": 3})
+    assert (parse_spec("cacheblend:layer=3").name, parse_spec("cacheblend:layer=3").options) == (
+        "cacheblend",
+        {"layer": 3},
+    )
     assert [e.label for e in make_entries("coin,draft:k=3,cacheblend:layer=1", seeds=[0, 1])] == [
         "coin:seed=0",
         "coin:seed=1",
@@ -101,3 +104,22 @@ def test_conditions_and_selectors_share_the_grammar():
     ]:
         with pytest.raises(UsageError, match=message):
             parse(bad) if bad.startswith("bcr") else parse_spec(bad)
+
+
+def test_a_spec_is_one_value_read_or_made_and_written_back_the_same():
+    """Equality is the written name, value and options (settings are `Condition.settings`'s question);
+    defaults are filled from the spec's family; an old selector name reads as today's."""
+    assert parse("bcr-chunk@0.2:chunk=16,rank=all") == parse("bcr-chunk@0.2:rank=all, chunk=16")
+    assert parse("bcr-chunk@0.2:chunk=16") != parse("bcr-chunk@0.2")
+    assert parse("bcr-chunk@0.2").settings == parse("bcr-chunk:chunk=64").settings
+    assert str(parse("kvcomm@0.3:gamma=0.5")) == "kvcomm@0.3:gamma=0.5"
+    assert parse("bcr-chunk").option("chunk") == 64 and parse("bcr-chunk:chunk=8").option("chunk") == 8
+    assert parse("bcr-chunk").default_value == 0.2 and parse("opengate").default_value == 0.5
+    assert parse("coin-chunk@0.3").with_options(seed=2).label == "coin-chunk@0.3:seed=2"
+    assert parse_spec("oracle-attn:rank=predicted").label == "kv-error-attn:rank=predicted"
+    assert parse_spec("draft").option("k") == 2 and parse_spec("cacheblend").option("layer") == 1
+    assert CONDITIONS.made("coin-single", 0.2, seed=0, rank="all").label == "coin-single@0.2:seed=0"
+    with pytest.raises(UsageError, match=r"^cannot read condition 'bcr-chunk@x': expected name\[@number\]"):
+        parse("bcr-chunk@x")
+    with pytest.raises(UsageError, match=r"^unknown selector 'bcr-chunk'; known: kv-error, kv-error-attn, draft"):
+        parse_spec("bcr-chunk@0.2")

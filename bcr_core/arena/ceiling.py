@@ -133,14 +133,15 @@ def composition(calls: list[dict]) -> pd.DataFrame:
         out.append(key | {"selector": CACHE, "budget": ""} | shares(list(range(m)), where, seams))
         for entry in call["arena"]["entries"]:
             if entry["rows"]:
-                row = {"selector": label_of(entry["selector"]), "budget": entry["budget"]}
+                row = {"selector": control_label(entry["selector"]), "budget": entry["budget"]}
                 out.append(key | row | shares(rows_of(entry["runs"]), where, seams))
     frame = pd.DataFrame(out)
     per_item = frame.groupby(["selector", "budget", "item_id"], sort=False).mean()
     return per_item.groupby(["selector", "budget"], sort=False).mean().reset_index()
 
 
-def label_of(selector: str) -> str:
+def control_label(selector: str) -> str:
+    """A selector's row in these tables: its label today, the coin's seeds one control."""
     return "coin" if is_coin(selector) else current_label(selector)
 
 
@@ -154,7 +155,7 @@ def overlap(calls: list[dict]) -> pd.DataFrame:
                 continue
             mine = set(rows_of(e["runs"]))
             jaccard = len(mine & best[e["budget"]]) / len(mine | best[e["budget"]])
-            selector = label_of(e["selector"])
+            selector = control_label(e["selector"])
             out.append({"selector": selector, "budget": e["budget"], "item_id": call["item_id"], "jaccard": jaccard})
     frame = pd.DataFrame(out)
     per_item = frame.groupby(["selector", "budget", "item_id"], sort=False)["jaccard"].mean()

@@ -68,7 +68,7 @@ def is_coin(label: str) -> bool:
 
 
 def is_searched(label: str) -> bool:
-    return label.split(":")[0] == SEARCHED
+    return spec_grammar.split(label)[0] == SEARCHED
 
 
 def per_item(frame: pd.DataFrame, budget: str = PAIRED, measure: str = "kl") -> pd.DataFrame:

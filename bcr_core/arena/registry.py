@@ -27,7 +27,7 @@ from bcr_core.repair.selectors import SELECTORS as DEPLOYABLE
 from bcr_core.repair.selectors import CoinSelector, Ranking, Selector
 from bcr_core.reuse.segments import predicted_rows
 from bcr_core.setting_kinds import Int
-from bcr_core.spec_grammar import Option
+from bcr_core.spec_grammar import Family, Option, Spec
 
 RANK = {"rank": REPAIR["rank"]}  # the conditions' own option: one rule for which rows are ranked
 OPTIONS: dict[str, dict[str, Option]] = {
@@ -58,6 +58,7 @@ SELECTORS: dict[str, type[Selector]] = {
 }
 # names records written before the rename hold: the K/V-error rankings were called oracles
 RENAMED = {"oracle": "kv-error", "oracle-attn": "kv-error-attn"}
+SELECTOR_SPECS = Family("selector", OPTIONS, valued=False, renamed=RENAMED)
 DEFAULT = (
     "kv-error,kv-error-attn,draft,draft:rank=predicted,coin:seed=0,coin:seed=1,coin:seed=2,"
     "cacheblend,cacheblend:layer=3,cacheblend:layer=8,question,seams,window,ours,searched"
@@ -96,25 +97,15 @@ def current_label(label: str) -> str:
 
 def evals_of(label: str) -> int:
     """A `searched` label's evaluation cap per call and budget."""
-    return make_entry(label).options.get("evals", search.EVALS)
+    return parse_spec(label).option("evals")
 
 
-def parse_spec(spec: str) -> tuple[str, dict]:
-    head, value, pairs = spec_grammar.split(spec)
-    name = RENAMED.get(head, head)
-    if name not in OPTIONS:
-        raise UsageError(f"unknown selector {name!r}; known: {', '.join(OPTIONS)}")
-    if value:
-        raise UsageError(f"selector {spec!r}: a selector takes options (name:key=value), not an @value")
-    options = spec_grammar.read_options(spec, "selector", name, pairs, OPTIONS[name])
-    if name == "coin" and options.get("seed", 0) < 0:
+def parse_spec(spec: str) -> Spec:
+    """The selector `spec` names (an old name read as today's); a coin's seed is at least 0."""
+    selector = SELECTOR_SPECS.read(spec)
+    if selector.name == "coin" and selector.options.get("seed", 0) < 0:
         raise UsageError(f"selector {spec!r}: a coin's seed is at least 0")
-    return name, options
-
-
-def label_of(name: str, options: dict) -> str:
-    """The selector's label: its options away from their defaults, and a coin's seed always."""
-    return spec_grammar.label(name, None, spec_grammar.shown(name, options, OPTIONS[name]))
+    return selector
 
 
 def call_seed(seed: int, key: tuple[int, ...]) -> int:
@@ -122,18 +113,21 @@ def call_seed(seed: int, key: tuple[int, ...]) -> int:
     return int(np.random.SeedSequence([seed, *key]).generate_state(1)[0])
 
 
-def make_entry(spec: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
-    name, options = parse_spec(spec)
+def make_entry(text: str, chunk: int = paper.CHUNK_ROWS) -> Entry:
+    spec = parse_spec(text)
+    name, options = spec.name, dict(spec.options)
+    if spec_grammar.is_coin(name):
+        options.setdefault("seed", 0)  # a coin's label always shows its seed
+    label = SELECTOR_SPECS.made(name, **options).label  # options at their defaults left out
     if name == "searched":
-        return Entry(label_of(name, options), name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
+        return Entry(label, name, options, lambda c: None, False, 0, reads_exact=True, searched=True)
     cls = SELECTORS[name]
     if spec_grammar.is_coin(name):  # a fresh stream on every call, seeded by (its seed, the call's place in the run)
-        seed = options.setdefault("seed", 0)
+        seed = options["seed"]
         rule, passes = (lambda c: CoinSelector(call_seed(seed, c.key), unit=chunk)), cls.passes
     else:
         selector = cls(**{k: v for k, v in options.items() if k != "rank"})  # draft's k, cacheblend's layer
         rule, passes = (lambda c: selector), selector.passes
-    label = label_of(name, options)
     return Entry(label, name, options, rule, cls.row_rule, passes, cls.reads_exact, options.get("rank", "all"))
 
 

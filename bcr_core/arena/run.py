@@ -102,8 +102,8 @@ def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell,
 def check_layers(selectors, layers: int) -> None:
     """Refuse, before any folder is touched, a CacheBlend check layer the model does not have."""
     for spec in selectors:
-        name, options = parse_spec(spec)
-        if name == "cacheblend" and options.get("layer", 1) >= layers:
+        selector = parse_spec(spec)
+        if selector.name == "cacheblend" and selector.option("layer") >= layers:
             raise UsageError(f"selector {spec}: the model has {layers} layers, so check layers 1 to {layers - 1}")
 
 

@@ -15,7 +15,7 @@ from scipy import stats as scipy_stats
 from bcr_core.analysis.binary import paired_split
 from bcr_core.analysis.line import line_residuals, reuse_accuracy_line
 from bcr_core.analysis.summary import paired_only, with_agreement
-from bcr_core.conditions import SPECS, layout_config, parse
+from bcr_core.conditions import DEFINITIONS, layout_config, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.prompts import tokenization_diff
@@ -118,7 +118,7 @@ def line_points(dense_value: float, endpoint_value: float, endpoint_rate: float,
 def condition_budget(condition: str) -> tuple[str, float, LayoutConfig] | None:
     """(layout, rho, layout settings) a repair condition spends, or None for one that repairs nothing."""
     c = parse(condition)
-    spec = SPECS[c.name]
+    spec = DEFINITIONS[c.name]
     if spec.layout is None:
         return None
     return spec.layout, spec.budget(c), layout_config(c)

@@ -201,19 +201,19 @@ def unit_curve(
         for unit in config.units:
             n_units = -(-config.segment_tokens // unit)
             keep = max(1, round(config.budget * n_units))
-            choices = {"informed": best(group_scores(scores, unit), keep)}
+            choices = {("informed", None): best(group_scores(scores, unit), keep)}
             for seed in config.seeds:
                 rng = np.random.Generator(np.random.PCG64(seed))
-                choices[f"random:{seed}"] = torch.from_numpy(rng.permutation(n_units)[:keep])
-            for name, chosen in choices.items():
+                choices[("random", seed)] = torch.from_numpy(rng.permutation(n_units)[:keep])
+            for (selection, seed), chosen in choices.items():
                 restored = units_to_rows(chosen, unit, case.segment)
                 test = kv.replace(restored, case.dense.select(restored))
                 rows.append(
                     {
                         "prompt": p,
                         "unit": unit,
-                        "selection": name.split(":")[0],
-                        "seed": int(name.split(":")[1]) if ":" in name else None,
+                        "selection": selection,
+                        "seed": seed,
                         "budget_realised": len(restored) / config.segment_tokens,
                         "error": relative_error(attention_outputs(bb, test, case.queries), reference),
                         "unrepaired_error": unrepaired,

@@ -19,6 +19,7 @@ from bcr_core.reuse.anchors import REUSE, AnchorPool, Deviation, GateDecision, K
 from bcr_core.reuse.calls import Cached, CallRecord, Refused, Served, Server, Trace, decode_call
 from bcr_core.reuse.prompts import Prompt
 from bcr_core.reuse.segments import SegmentCaches, placeholder_spans, rows
+from bcr_core.spec_grammar import label
 
 
 class DenseServer(Server):
@@ -62,7 +63,7 @@ class KVCommServer(Server):
         self.config = config
         self.pool = AnchorPool(config)
         self.caches = SegmentCaches(bb)
-        self.name = name or (f"kvcomm@{config.gamma:g}" if config.gamma != KVCommConfig.gamma else "kvcomm")
+        self.name = name or label("kvcomm", None if config.gamma == KVCommConfig.gamma else config.gamma)
 
     def steps(self, prompt: Prompt, max_new_tokens: int):
         self.caches.prepare(prompt)

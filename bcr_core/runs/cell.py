@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from bcr_core.conditions import REPAIRS, SPECS, Condition, expand_seeds, parse
+from bcr_core.conditions import DEFINITIONS, REPAIRS, Condition, expand_seeds, parse
 from bcr_core.runs.run_settings import check_run, served_dtype, settings_record
 from bcr_core.schema import RUN
 from bcr_core.setting_kinds import SettingError
@@ -89,5 +89,5 @@ def check_value(c: Condition) -> None:
         raise refuse(f"r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
     if c.name in REPAIRS and c.value is not None and not 0.0 <= c.value <= 1.0:
         raise refuse(f"rho is the share of rows repaired, in [0, 1]; got {c.value:g}")
-    if "seed" in SPECS[c.name].options and c.option("seed") < 0:
+    if "seed" in DEFINITIONS[c.name].options and c.option("seed") < 0:
         raise refuse(f"option seed is a coin stream's seed, at least 0; got {c.option('seed')}")
