@@ -104,6 +104,53 @@ def handed_over(generation: Generation, at: float) -> Generation:
     return replace(generation, tokens=list(generation.tokens), first_token_at=max(generation.first_token_at, at))
 
 
+class Lanes:
+    """The lanes `run_lanes` runs: each advanced until it waits in the batch or ends, the decode
+    requests they wait on, and the decodes they share."""
+
+    def __init__(self, bb, width: int, finished: Callable[[Unit, Any], None], share_decodes: bool):
+        self.bb, self.finished, self.share_decodes = bb, finished, share_decodes
+        self.running: list[Lane] = []
+        self.decoder = BatchDecoder(bb) if width > 1 else None
+        self.shared, self.waiting = SharedDecodes(), {}  # waiting: lane -> the request it waits on
+
+    def start(self, unit: Unit) -> None:
+        lane = Lane(unit, unit.start())
+        self.running.append(lane)
+        self.advance(lane, None)
+
+    def advance(self, lane: Lane, value) -> None:
+        """Run the lane until it waits in the batch or ends; requests that keep logits are answered on the spot."""
+        while True:
+            try:
+                request: Decode = lane.steps.send(value)
+            except StopIteration as done:
+                self.running.remove(lane)
+                self.finished(lane.unit, done.value)
+                return
+            if self.decoder is not None and not request.keep_logits:
+                value = self.shared.answer(request) if self.share_decodes else None
+                if value is not None:
+                    continue
+                self.waiting[lane] = request
+                if not (self.share_decodes and self.shared.join(request, lane)):
+                    self.decoder.add(
+                        lane, request.kv, request.last_id, request.max_new_tokens, request.stop_rule, request.prior
+                    )
+                return
+            value = request.now(self.bb)
+
+    def step(self) -> None:
+        """One batched decoding step; every lane whose sequence finished runs on, and those that shared its decode."""
+        for lane, generation in self.decoder.step():
+            request = self.waiting.pop(lane)
+            followers = self.shared.finish(request, generation) if self.share_decodes else []
+            self.advance(lane, generation)
+            for follower in followers:
+                self.waiting.pop(follower)
+                self.advance(follower, handed_over(generation, generation.first_token_at))
+
+
 def run_lanes(
     bb,
     units: list[Unit],
@@ -122,49 +169,17 @@ def run_lanes(
     """
     if width < 1:
         raise UsageError(f"batch size must be >= 1, got {width}")
-    queue, lanes = list(units), []
-    decoder = BatchDecoder(bb) if width > 1 else None
-    shared, waiting = SharedDecodes(), {}  # waiting: lane -> the request it waits on
-
-    def advance(lane: Lane, value) -> None:
-        """Run the lane until it waits in the batch or ends; requests that keep logits are answered on the spot."""
-        while True:
-            try:
-                request: Decode = lane.steps.send(value)
-            except StopIteration as done:
-                lanes.remove(lane)
-                finished(lane.unit, done.value)
-                return
-            if decoder is not None and not request.keep_logits:
-                value = shared.answer(request) if share_decodes else None
-                if value is not None:
-                    continue
-                waiting[lane] = request
-                if not (share_decodes and shared.join(request, lane)):
-                    decoder.add(
-                        lane, request.kv, request.last_id, request.max_new_tokens, request.stop_rule, request.prior
-                    )
-                return
-            value = request.now(bb)
-
+    queue, lanes = list(units), Lanes(bb, width, finished, share_decodes)
     while True:
-        while len(lanes) < width:
-            running = [lane.unit for lane in lanes]
+        while len(lanes.running) < width:
+            running = [lane.unit for lane in lanes.running]
             unit = next((u for u in queue if may_start(u, running)), None)
             if unit is None:
                 break
             queue.remove(unit)
-            lane = Lane(unit, unit.start())
-            lanes.append(lane)
-            advance(lane, None)
-        if not lanes:
+            lanes.start(unit)
+        if not lanes.running:
             if queue:
                 raise RuntimeError("no waiting unit may start although nothing runs: check may_start")
             return
-        for lane, generation in decoder.step():
-            request = waiting.pop(lane)
-            followers = shared.finish(request, generation) if share_decodes else []
-            advance(lane, generation)
-            for follower in followers:
-                waiting.pop(follower)
-                advance(follower, handed_over(generation, generation.first_token_at))
+        lanes.step()

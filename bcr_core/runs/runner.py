@@ -133,6 +133,12 @@ def pending_units(cell: Cell, items, pipeline, servers: dict, reference, done, d
     return units
 
 
+def stateful_in_order(servers: dict) -> Callable[[Unit, list[Unit]], bool]:
+    """Whether a unit (condition, item) may start beside the running ones: always for a stateless
+    condition, and for a stateful one only when none of its items runs (its items go in order)."""
+    return lambda unit, running: servers[unit.key[0]].stateless or all(r.key[0] != unit.key[0] for r in running)
+
+
 def run_cell(
     bb,
     cell: Cell,
@@ -176,10 +182,6 @@ def run_cell(
             desc=label or f"{cell.benchmark} x{cell.agents}",
         )
 
-        def may_start(unit: Unit, running: list[Unit]) -> bool:
-            condition = unit.key[0]
-            return servers[condition].stateless or all(r.key[0] != condition for r in running)
-
         def finished(unit: Unit, request) -> None:
             condition, index = unit.key
             record = item_record(cell, condition, index, items[index], request)
@@ -190,7 +192,7 @@ def run_cell(
                 on_item()
 
         with bar:  # closed on ^C too, so the message below starts its own line
-            run_lanes(bb, units, batch, may_start, finished, share_decodes)
+            run_lanes(bb, units, batch, stateful_in_order(servers), finished, share_decodes)
     except KeyboardInterrupt:
         raise Interrupted(files) from None
     finally:
