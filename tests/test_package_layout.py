@@ -1,4 +1,4 @@
-"""The package's layout: no import circle anywhere in `bcr_core`.
+"""The package's layout: no import circle anywhere in `bcr_core`, and no function over 60 lines.
 
 Every module is parsed (not imported) and every `import bcr_core...` / `from bcr_core... import`
 it holds is an edge, those inside functions too: a lazy import only hides a circle until the call
@@ -140,3 +140,23 @@ def test_every_module_imports_only_what_sits_above_it_in_the_readme_layout():
     assert sorted(rank.keys() - modules) == [], "the README lists modules that do not exist"
     upward = [f"{m} -> {t}" for m in sorted(modules) for t in sorted(graph[m] & modules) if level(t) > level(m)]
     assert upward == []
+
+
+def long_functions(source: str, most: int = 60) -> list[str]:
+    """`name (lines)` for every function or method in `source` longer than `most` lines, its
+    signature and docstring counted."""
+    tree = ast.parse(source)
+    lengths = (
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
+    return [f"{name} ({length})" for name, length in lengths if length > most]
+
+
+def test_no_function_in_the_package_is_over_sixty_lines():
+    body = "\n".join(f"    x = {i}" for i in range(60))
+    assert long_functions(f"def fits():\n{body[: body.rindex(chr(10))]}\n") == []  # 60 lines
+    assert long_functions(f"class A:\n    def long(self):\n{body.replace('    ', '        ')}\n") == ["long (61)"]
+    found = {name: long_functions(path.read_text()) for name, path in module_files().items()}
+    assert {name: long for name, long in found.items() if long} == {}
