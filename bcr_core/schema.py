@@ -1,5 +1,5 @@
-"""The one schema: every setting of `bcr run` (`RUN`), `bcr arena` (`ARENA`) and the claims' grid
-(`CLAIMS`), each with its kind (`bcr_core.setting_kinds`), default and help. `bcr`'s flags are
+"""The one schema: every setting of `bcr run` (`RUN`), `bcr arena` (`ARENA`), the claims' grid
+(`CLAIMS`) and what a saved inspection is found by (`INSPECTION`), each with its kind (`bcr_core.setting_kinds`), default and help. `bcr`'s flags are
 generated from it (`cli.add_settings`), a grid file's keys and the notebooks' parameters are checked
 by it (`runs.grid_file`, `lab.params`), and the records that hold settings are made from it
 (`runs.run_settings.settings_record`, `arena.run.make_arena_cell`, `analysis.claims_grid.ClaimsGrid`).
@@ -169,4 +169,17 @@ CLAIMS: dict[str, Setting] = with_defaults(
         Int(8), 1280, help="the unit curve's segment: at budget 0.2, 256 rows are whole units of 1 to 256"
     ),
     "unit_prompts": Setting(Int(3), 12, help="documents the unit curve predicts, each from the others' anchors"),
+}
+
+# What decides a saved inspection's content (`lab.saved_inspection` finds one by these; the
+# explorer's starting item, call, layer and head do not): a run's item settings and the repair the
+# explorer shows, its layout at a budget.
+LAYOUTS = ("chunk", "grow", "single")  # `repair.layouts.LAYOUTS`' names, without loading the model code
+INSPECTION: dict[str, Setting] = {
+    key: RUN[key] for key in ("model", "benchmark", "item_seed", "agents", "n", "max_new_tokens")
+} | {
+    "gamma": ARENA["gamma"],
+    "layout": Setting(Str(LAYOUTS), "chunk", help="the layout the repair spends its budget in"),
+    "rho": ARENA["rho"],
+    "chunk": ARENA["chunk"],
 }

@@ -158,14 +158,21 @@ def test_make_arena_cell_names_an_unknown_or_missing_setting():
         make_arena_cell(n=2, rho_s=0.2)
 
 
-def test_saved_inspections_key_on_notebook_parameters_checked_as_the_runs_are():
+def test_saved_inspections_key_on_the_schema_checked_as_the_notebook_parameters_are():
+    """An inspection is found by what decides its content, written out: the items, the model, the
+    gate and the repair (layout, rho, B); the explorer's starting item, call, layer and head are not."""
     from bcr_core.lab import saved_inspection
-    from bcr_core.schema import ARENA, RUN
+    from bcr_core.repair.layouts import LAYOUTS
+    from bcr_core.schema import INSPECTION
+    from bcr_core.schema import LAYOUTS as NAMES
 
-    for key in saved_inspection.KEYS:
-        assert key in params.SCHEMA, key
-        if key in RUN or key in ARENA:
-            assert params.SCHEMA[key] == (RUN.get(key) or ARENA[key]).kind, key
+    content = {"model", "benchmark", "item_seed", "agents", "n", "max_new_tokens", "gamma", "layout", "rho", "chunk"}
+    assert set(saved_inspection.KEYS) == content == set(INSPECTION)
+    assert NAMES == tuple(LAYOUTS)
+    for key, setting in INSPECTION.items():
+        assert params.SCHEMA[key] == setting.kind, key
+    with pytest.raises(params.ParameterError, match="parameter 'layout'"):
+        params.check_value("layout", "tile")
 
 
 def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too():

@@ -18,7 +18,7 @@ import os
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from bcr_core.schema import ARENA, CLAIMS, RUN, ConditionName
+from bcr_core.schema import ARENA, CLAIMS, INSPECTION, RUN, ConditionName
 from bcr_core.setting_kinds import (  # noqa: F401  (the kinds, re-exported: notebooks declare parameters with them)
     Bool,
     Float,
@@ -35,8 +35,6 @@ from bcr_core.setting_kinds import (  # noqa: F401  (the kinds, re-exported: not
 class ParameterError(SettingError, TypeError):
     """A notebook parameter of the wrong type or out of range; the message says which and why."""
 
-
-LAYOUT_NAMES = ("chunk", "grow", "single")
 
 # The settings a notebook shares with `bcr run`, `bcr arena` and the claims' grid, checked as they
 # check them (`bcr_core.schema.RUN`, `ARENA`, `CLAIMS`) and passed on by name (`Params.settings_of`).
@@ -58,7 +56,7 @@ SCHEMA: dict[str, Kind] = (
         "call": Optional(Str()),
         "layer": Optional(Int(0)),
         "head": Optional(Int(0)),
-        "layout": Str(LAYOUT_NAMES),
+        "layout": INSPECTION["layout"].kind,
         "budget": Float(0.0, 1.0, open_low=True),
         "units": ListOf(Int(1)),
         "span_caps": ListOf(Int(1)),

@@ -1,6 +1,6 @@
 """Saved inspections: `save` writes an `Inspection` to one file and `load` reads it back, so the
 explorer opens in seconds without serving anything (`bcr explore`); `find` looks one up by the
-settings that decide its content (`KEYS`).
+settings that decide its content (`KEYS`, the `bcr_core.schema.INSPECTION` settings).
 
 A saved inspection keeps the draft's attention exactly (float32) but not the assembled caches: one
 cache is about 23 KB per row in float16 on SmolLM2-135M (30 layers x 3 kv heads x 64 dims, keys and
@@ -29,11 +29,10 @@ from bcr_core.lab.inspection import CallView, Inspection
 from bcr_core.paths import written_whole
 from bcr_core.repair.layouts import LayoutConfig
 from bcr_core.reuse.calls import CallRecord, Trace
+from bcr_core.schema import INSPECTION
 
 FORMAT = "bcr-inspection/3"  # 2: the microscope's field (`CallView.rankings`); 3: records store nothing implied
-# The settings that decide what an inspection holds (the explorer's starting item, call, layer and
-# head do not): a saved inspection is found by them.
-KEYS = ("model", "benchmark", "item_seed", "agents", "n", "max_new_tokens", "gamma", "layout", "rho", "chunk")
+KEYS = tuple(INSPECTION)  # the settings that decide what an inspection holds: it is found by them
 
 
 def settings_of(parameters: dict) -> dict:
