@@ -1,7 +1,8 @@
 """The one schema: every setting of `bcr run` (`RUN`), `bcr arena` (`ARENA`), the claims' grid
-(`CLAIMS`) and what a saved inspection is found by (`INSPECTION`), each with its kind (`bcr_core.setting_kinds`), default and help. `bcr`'s flags are
-generated from it (`cli.add_settings`), a grid file's keys and the notebooks' parameters are checked
-by it (`runs.grid_file`, `lab.params`), and the records that hold settings are made from it
+(`CLAIMS`) and what a saved inspection is found by (`INSPECTION`), each with its kind
+(`bcr_core.setting_kinds`), default and help. `bcr`'s flags are generated from it
+(`cli.add_settings`), a grid file's keys and the notebooks' parameters are checked by it
+(`runs.grid_file`, `lab.params`), and the records that hold settings are made from it
 (`runs.run_settings.settings_record`, `arena.run.make_arena_cell`, `analysis.claims_grid.ClaimsGrid`).
 A condition is checked by parsing it (`bcr_core.conditions`), imported where it is checked, so the
 schema loads without the model code.
