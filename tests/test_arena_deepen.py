@@ -153,3 +153,24 @@ def test_a_lower_ceiling_can_only_shrink_every_selectors_share_of_its_gain(deepe
     assert shares.loc["searched", "gap_share_before"] == shares.loc["searched", "gap_share_after"] == 1.0
     rest = shares.drop(index="searched")
     assert len(rest) and (rest["gap_share_after"].abs() <= rest["gap_share_before"].abs() + 1e-12).all()
+
+
+@pytest.mark.parametrize("source", ["arena", "arena-gemma-3-270m-bos"], ids=["smollm2-135m", "gemma-3-270m"])
+def test_the_committed_deepened_ceilings_end_every_capped_search_at_a_local_optimum(source):
+    """results/<arena>-deepened holds every item of its source, and every search the cap stopped there,
+    continued to a local optimum, its KL never above where it stopped; the largest move of a
+    selector's share that docs/results.md quotes is what these records give."""
+    from bcr_core.paths import CHECKOUT, RESULTS
+    from bcr_core.run_folder import RunFolder
+
+    first, deeper = RunFolder(RESULTS / source).calls(), RunFolder(RESULTS / f"{source}-deepened").calls()
+    assert {c["item_id"] for c in deeper} == {c["item_id"] for c in first}
+    table = continued(deeper)
+    assert table["searches"].sum() == sum(len(capped(c)) for c in first) > 0
+    assert (table["local_optimum"] == 1.0).all() and (table["kl_after"] <= table["kl_before"]).all()
+    shares = shares_before_after(RESULTS / source, RESULTS / f"{source}-deepened").set_index("selector")
+    moved = (shares["gap_share_after"] - shares["gap_share_before"]).abs()
+    results = (CHECKOUT / "docs" / "results.md").read_text()
+    paragraph = results.split("**How far the cap leaves the ceiling from a local optimum.**")[1].split("\n\n")[0]
+    readme = " ".join((RESULTS / f"{source}-deepened" / "README.md").read_text().split())
+    assert f"{moved.max():.4f}" in paragraph and f"moved by at most {moved.max():.4f}" in readme
