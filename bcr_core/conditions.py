@@ -166,10 +166,10 @@ def make_selector(c: Condition) -> Selector:
     once (the arena's coins draw afresh per call, `arena.registry`, since it measures calls apart),
     drawing once per chunk on the chunk layout, so every chunk (a short trailing one too) is equally
     likely, and once per row otherwise."""
-    spec = DEFINITIONS[c.name]
-    if spec.selector == CoinSelector.name:
-        return CoinSelector(_seed(c), unit=c.option("chunk") if spec.layout == "chunk" else 1)
-    return SELECTORS[spec.selector]()
+    definition = DEFINITIONS[c.name]
+    if definition.selector == CoinSelector.name:
+        return CoinSelector(_seed(c), unit=c.option("chunk") if definition.layout == "chunk" else 1)
+    return SELECTORS[definition.selector]()
 
 
 def _cacheblend_reuse(bb, c: Condition):
@@ -215,7 +215,7 @@ class Definition:
         return self.rho(c) if self.rho is not None else c.default_value
 
 
-def repair_spec(selector: str, layout_name: str, options: dict, about: str) -> Definition:
+def repair_definition(selector: str, layout_name: str, options: dict, about: str) -> Definition:
     """A repair condition: `selector` ranking rows for `layout_name`, at the paper's rho by default."""
     return Definition(_repair, GATE | REPAIR | options, paper.RHO, layout_name, selector, about=about)
 
@@ -244,12 +244,12 @@ DEFINITIONS: dict[str, Definition] = {
         paper.RANDOM_ALLOCATION_P,
         about="Table 7: each reuse the gate allows is given up with probability p",
     ),
-    "bcr-chunk": repair_spec("draft", "chunk", {}, "BCR, whole chunks (Algorithm 1)"),
-    "bcr-grow": repair_spec("draft", "grow", GROW, "BCR, spans grown from the best rows"),
-    "bcr-single": repair_spec("draft", "single", {}, "BCR, single rows"),
-    "coin-chunk": repair_spec("coin", "chunk", SEED | MATCH, "a fair coin per chunk"),
-    "coin-single": repair_spec("coin", "single", SEED | MATCH, "a fair coin per row"),
-    "cacheblend-cost": repair_spec("cacheblend", "single", MATCH, "CacheBlend's layer-1 rule at BCR's budget"),
+    "bcr-chunk": repair_definition("draft", "chunk", {}, "BCR, whole chunks (Algorithm 1)"),
+    "bcr-grow": repair_definition("draft", "grow", GROW, "BCR, spans grown from the best rows"),
+    "bcr-single": repair_definition("draft", "single", {}, "BCR, single rows"),
+    "coin-chunk": repair_definition("coin", "chunk", SEED | MATCH, "a fair coin per chunk"),
+    "coin-single": repair_definition("coin", "single", SEED | MATCH, "a fair coin per row"),
+    "cacheblend-cost": repair_definition("cacheblend", "single", MATCH, "CacheBlend's layer-1 rule at BCR's budget"),
     "cacheblend-reuse": Definition(
         lambda bb, c: _cacheblend_reuse(bb, c),
         GATE | REPAIR,

@@ -118,10 +118,10 @@ def line_points(dense_value: float, endpoint_value: float, endpoint_rate: float,
 def condition_budget(condition: str) -> tuple[str, float, LayoutConfig] | None:
     """(layout, rho, layout settings) a repair condition spends, or None for one that repairs nothing."""
     c = parse(condition)
-    spec = DEFINITIONS[c.name]
-    if spec.layout is None:
+    definition = DEFINITIONS[c.name]
+    if definition.layout is None:
         return None
-    return spec.layout, spec.budget(c), layout_config(c)
+    return definition.layout, definition.budget(c), layout_config(c)
 
 
 def budget_check(calls: pd.DataFrame) -> pd.DataFrame:
