@@ -294,12 +294,21 @@ def cmd_explore(args) -> int:
             code = server.wait()
         except KeyboardInterrupt:
             code = 0
+            stop_within(app.STOP_WITHIN_S)
         finally:
             app.stop(server)
     if code:  # it stopped by itself: the URL printed no longer serves, and the exit code must not say success
         how = f"was killed by signal {-code}" if code < 0 else f"stopped with code {code}"
         raise app.ServerError(f"the explorer's server {how}; its log is above")
     return 0
+
+
+def stop_within(seconds: float) -> None:
+    """After Ctrl-C, a bound on the rest: a process still here `seconds` later prints where every thread
+    is (`faulthandler`) and exits with status 1, whatever its server or kernels are doing."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 def cmd_export(args) -> int:

@@ -4,8 +4,9 @@
 
 Per dtype: `bcr verify` (full repair bit-identical to Dense through one kernel, token-identical greedy
 output; the default kernel's distance reported beside), then the same greedy decode from a `--length`-row
-cache with the steps run plainly and replayed as CUDA graphs: the tokens must be identical, and each
-path's milliseconds per decode step and per two-token draft are printed. One JSON document on stdout.
+cache with the steps run plainly, replayed as hand-captured CUDA graphs and compiled by `torch.compile`
+(`mode="reduce-overhead"`, its CUDA graph trees): the tokens must be identical, and each path's
+milliseconds per decode step and per two-token draft are printed. One JSON document on stdout.
 """
 
 from __future__ import annotations
@@ -32,25 +33,26 @@ def timed_ms(run, device) -> float:
 
 
 def replay_check(bb: Backbone, length: int) -> dict:
-    """Greedy tokens and step times from a `length`-row cache, plain and replayed."""
+    """Greedy tokens and step times from a `length`-row cache, plain, replayed by hand and compiled."""
     ids = torch.randint(100, 20000, (length,), generator=torch.Generator().manual_seed(0)).tolist()
     kv, last = bb.prefill(ids[:-1]), ids[-1]
     found = {}
-    for graphs in (False, True):
-        bb.steps.graphs = graphs
+    for mode in ("plain", "graphs", "compiled"):
+        bb.steps.mode = mode
         bb.generate(kv, last, STEPS, stop_ids=())  # warm-up (and capture, where replayed)
         bb.draft(kv, last)
         generated = []
         decode_ms = timed_ms(lambda: generated.append(bb.generate(kv, last, STEPS, stop_ids=())), bb.device)  # noqa: B023
         draft_ms = timed_ms(lambda: bb.draft(kv, last), bb.device)
-        found["replayed" if graphs else "plain"] = {
+        found[mode] = {
             "tokens": generated[0].tokens,
             "ms_per_decode_step": decode_ms / STEPS,
             "ms_per_draft": draft_ms,
         }
     return {
         "length": length,
-        "token_identical": found["plain"]["tokens"] == found["replayed"]["tokens"],
+        "token_identical": found["plain"]["tokens"] == found["graphs"]["tokens"],
+        "compiled_token_identical": found["plain"]["tokens"] == found["compiled"]["tokens"],
         "replayed_shapes": bb.steps.replayed_shapes,
         **{f"{path}_{key}": value for path, row in found.items() for key, value in row.items() if key != "tokens"},
     }

@@ -22,6 +22,21 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
 REAL_MODELS = {"real", "gemma"}  # the fixtures that load a real model
 
+ROUNDING_ULPS = 64  # float rounding of a few layers' outputs summed in another order: tens of ulps at their scale
+# RoPE at position p turns by p times each frequency, computed in float32: its angle is off by up to p ulps,
+# so a rotation there and back rounds like 2p ulps at the keys' scale (4096 positions, twice that for room)
+ROTATION_ULPS = 4 * 4096
+
+
+def rounding_close(a: torch.Tensor, b: torch.Tensor, ulps: float = ROUNDING_ULPS) -> bool:
+    """Equal up to float rounding: |a - b| within `ulps` ulps of the coarser dtype at the largest magnitude
+    compared. Model outputs from two summation orders (another kernel, thread count, CPU or a traced graph)
+    differ by rounding that scales with the values, so a bare absolute tolerance passes on one machine and
+    fails on the next (1.86e-5 against 1e-5 on logits of magnitude 6)."""
+    eps = max(torch.finfo(a.dtype).eps, torch.finfo(b.dtype).eps)
+    scale = max(float(a.abs().max()), float(b.abs().max()), torch.finfo(torch.float32).tiny)
+    return bool((a.double() - b.double()).abs().max() <= ulps * eps * scale)
+
 
 def pytest_collection_modifyitems(config, items):
     """`make test-fast` leaves out what needs a real model, a notebook run or a browser: a test that

@@ -13,6 +13,7 @@ import nbformat
 import numpy as np
 import pytest
 import torch
+from conftest import ROUNDING_ULPS, rounding_close
 
 from bcr_core.arena import measures
 from bcr_core.arena.context import CallContext
@@ -150,7 +151,7 @@ def test_question_fuses_the_trailing_tokens_attention_over_every_layer(tiny, ass
             written[j] += float(w[:, :, j].mean())
     entry = make_entry("question")
     scores = entry.rank(tiny, kv, IDS[:-1], IDS[-1], torch.arange(M), context()).scores
-    assert torch.allclose(scores.double(), written, atol=1e-5)
+    assert rounding_close(scores, written, ulps=ROUNDING_ULPS * 4)  # a mean of float32 weights
 
 
 def test_ours_is_the_draft_score_times_cacheblends_deviation(tiny, assembled):

@@ -3,7 +3,16 @@ sliding windows shorter than the prompts where the family has them)."""
 
 import pytest
 import torch
-from conftest import DEVICE, FAMILIES, SLIDING_WINDOW, random_ids, tiny_family_config
+from conftest import (
+    DEVICE,
+    FAMILIES,
+    ROTATION_ULPS,
+    ROUNDING_ULPS,
+    SLIDING_WINDOW,
+    random_ids,
+    rounding_close,
+    tiny_family_config,
+)
 from transformers import GPT2Config
 
 from bcr_core.engine.architectures import ModelError, check_architecture
@@ -33,14 +42,14 @@ def case(tiny):
     return cached, last, dense, corrupted
 
 
-def close(a: KV, b: KV, atol=1e-5) -> bool:
-    return torch.allclose(a.keys, b.keys, atol=atol) and torch.allclose(a.values, b.values, atol=atol)
+def close(a: KV, b: KV, ulps: float = ROUNDING_ULPS) -> bool:
+    return rounding_close(a.keys, b.keys, ulps) and rounding_close(a.values, b.values, ulps)
 
 
 def test_corruption_is_real_past_layer_zero(case):
     _, _, dense, corrupted = case
-    assert torch.allclose(corrupted.keys[0], dense.keys[0], atol=1e-5)
-    assert torch.allclose(corrupted.values[0], dense.values[0], atol=1e-5)
+    assert rounding_close(corrupted.keys[0], dense.keys[0], ulps=ROTATION_ULPS)
+    assert rounding_close(corrupted.values[0], dense.values[0])
     assert (corrupted.values[1:] - dense.values[1:]).abs().max() > 1e-2
 
 
@@ -60,12 +69,12 @@ def test_repair_equals_dense_at_every_layer_and_hf_own_forward_agrees(tiny, case
     cached, last, dense, corrupted = case
     repaired = tiny.repair(corrupted, cached, range(len(cached)))
     for layer in range(tiny.num_layers):
-        assert (repaired.keys[layer] - dense.keys[layer]).abs().max() < 1e-5, layer
-        assert (repaired.values[layer] - dense.values[layer]).abs().max() < 1e-5, layer
+        assert rounding_close(repaired.keys[layer], dense.keys[layer]), layer
+        assert rounding_close(repaired.values[layer], dense.values[layer]), layer
     tokens = tiny.generate(dense, last, 8, stop_ids=()).tokens
     with torch.inference_mode():
         hf = tiny.model(input_ids=torch.tensor([cached + [last] + tokens[:-1]])).logits[0, len(cached) :]
-    assert torch.allclose(tiny.forced_logits(dense, last, tokens), hf, atol=1e-4)
+    assert rounding_close(tiny.forced_logits(dense, last, tokens), hf)
 
 
 def test_the_static_serving_path_decodes_as_hf_own_cache_does(tiny, case):
@@ -82,7 +91,7 @@ def test_the_static_serving_path_decodes_as_hf_own_cache_does(tiny, case):
                 input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(cached) + step]]), cache=cache
             )
             cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
-            assert torch.allclose(ours.logits[step], out.logits[0, -1].float(), atol=1e-4), step
+            assert rounding_close(ours.logits[step], out.logits[0, -1].float()), step
             tokens.append(token)
     assert ours.tokens == tokens
 
@@ -199,7 +208,7 @@ def test_extents_padded_to_a_grid_give_the_same_repair_to_rounding(tiny, case, m
     plain = tiny.repair(corrupted, cached, range(0, len(cached), 3))
     monkeypatch.setattr("bcr_core.engine.backbone.key_grid", lambda device: 16)
     padded = tiny.repair(corrupted, cached, range(0, len(cached), 3))
-    assert close(padded, plain, atol=1e-5)
+    assert close(padded, plain)
     full = tiny.repair(corrupted, cached, range(len(cached)))
     assert torch.equal(full.keys, tiny.reference_prefill(cached).keys)
 
@@ -255,7 +264,7 @@ def test_draft_tokens_and_attention_match_an_independent_dense_pass(tiny, case):
     with tiny.attention_implementation("eager"), torch.inference_mode():
         out = tiny.model(input_ids=full, output_attentions=True)
     expected = torch.stack([a[0, :, m : m + 2, :m] for a in out.attentions]).transpose(1, 2)
-    assert torch.allclose(draft.attention, expected, atol=1e-5)
+    assert rounding_close(draft.attention, expected)
     assert current_kernel() == "sdpa"  # switched back
 
 
@@ -290,7 +299,7 @@ def test_a_kernel_switch_holds_in_its_own_thread_only(tiny, case):
 def test_rerotation_round_trip(tiny, case):
     _, _, dense, _ = case
     there_and_back = tiny.rerotate(tiny.rerotate(dense.keys, 4096), -4096)
-    assert torch.allclose(there_and_back, dense.keys, atol=1e-4)
+    assert rounding_close(there_and_back, dense.keys, ulps=ROTATION_ULPS)
     assert not torch.allclose(tiny.rerotate(dense.keys, 7), dense.keys, atol=1e-2)
 
 
@@ -300,7 +309,7 @@ def test_shifting_a_cache_equals_prefilling_it_at_the_new_positions(tiny):
     moved = tiny.shift(tiny.prefill(ids), 250)
     there = tiny.prefill(ids, positions=torch.arange(250, 280))
     assert torch.equal(moved.positions, there.positions)
-    assert close(moved, there, atol=1e-4)
+    assert close(moved, there, ulps=ROTATION_ULPS)
 
 
 def test_per_row_shift(tiny):
@@ -308,7 +317,7 @@ def test_per_row_shift(tiny):
     kv = tiny.prefill(ids)
     deltas = torch.tensor([0, 1, 2, 3, 4, 5])
     per_row = tiny.rerotate(kv.keys, deltas)
-    assert torch.allclose(per_row[:, :, :, 3], tiny.rerotate(kv.keys, 3)[:, :, :, 3], atol=1e-6)
+    assert rounding_close(per_row[:, :, :, 3], tiny.rerotate(kv.keys, 3)[:, :, :, 3])
 
 
 def test_generate_stops_at_eos_and_can_be_told_not_to(tiny, case):

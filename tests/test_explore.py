@@ -236,7 +236,8 @@ def test_two_explorers_started_together_on_one_port_one_serves_the_other_says_wh
         for p, _, _ in started:
             if p.poll() is None:
                 stop(p)
-    assert winner.returncode == 0
+    winner_err = next(err for p, _, err in started if p is winner)
+    assert winner.returncode == 0, winner_err.read_text()[-3000:]  # past app.STOP_WITHIN_S: where it hung
 
 
 @pytest.mark.parametrize(
@@ -390,3 +391,13 @@ def test_an_explorer_whose_server_dies_exits_non_zero_saying_so(tmp_path):
             process.kill()
     last = err.read_text().splitlines()[-1]
     assert last == "bcr explore: error: the explorer's server was killed by signal 9; its log is above"
+
+
+def test_after_ctrl_c_a_hung_explore_says_where_and_exits_within_its_bound(tmp_path):
+    """The bound `bcr explore` sets after Ctrl-C (`commands.stop_within`), injected into a process that
+    then hangs: it exits with status 1 at the bound, its stderr naming the line it hung on."""
+    hang = "from bcr_core.commands import stop_within\nimport time\nstop_within(1)\ntime.sleep(60)\n"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", hang], capture_output=True, text=True, timeout=30, cwd=CHECKOUT)
+    assert done.returncode == 1 and time.monotonic() - started < 20
+    assert "Timeout (0:00:01)!" in done.stderr and 'File "<string>", line 4' in done.stderr, done.stderr

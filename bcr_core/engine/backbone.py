@@ -39,7 +39,7 @@ from bcr_core import paper
 from bcr_core.engine.architectures import CONFIG_PREFIX, check_architecture, config_only, config_tokenizer_dir
 from bcr_core.engine.capacity import kv_shape
 from bcr_core.engine.chat import render_messages
-from bcr_core.engine.kernels import BLOCKED, DISPATCH, GROUPED_EAGER, QUERY_BLOCK, kernel, key_extents, key_grid
+from bcr_core.engine.kernels import BLOCKED, DISPATCH, QUERY_BLOCK, kernel, key_extents, key_grid
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
@@ -74,6 +74,23 @@ def repair_mask(positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     (`RowWriteCache`), so a row that sees another selected row sees its corrected value.
     """
     return positions[None, :] <= positions[rows][:, None]
+
+
+def recompute_block(bb, keys, values, ids, positions, rows, allowed, plan) -> None:
+    """The repair's masked block: `rows` run forward at their positions and their fresh keys/values
+    are written into `keys`/`values` (L, 1, H, T, D) layer by layer, each selected row seeing the rows
+    `allowed` lets it (|rows|, T), through the blocked kernel over `plan` (`kernels.key_extents`).
+    The plan is read on the host before the block, so the block itself is one graph with no host sync."""
+    mask = mask_argument(bb.config, allowed[None], positions[rows][None], positions[None], bb.dtype)
+    bb.model.base_model(
+        input_ids=ids[rows][None],
+        position_ids=positions[rows][None],
+        attention_mask=mask,
+        cache=RowWriteCache(keys, values, rows),
+        use_cache=True,
+        query_blocks=plan,
+        attention_kernel=BLOCKED,
+    )
 
 
 class FirstLayersCached(Exception):
@@ -243,16 +260,8 @@ class Backbone:
         positions = kv.positions.to(self.device)
         repaired = kv.clone()
         allowed = repair_mask(positions, rows)
-        mask = mask_argument(self.config, allowed[None], positions[rows][None], positions[None], self.dtype)
-        with self.attention_implementation(BLOCKED):
-            self.model.base_model(
-                input_ids=ids[rows][None],
-                position_ids=positions[rows][None],
-                attention_mask=mask,
-                cache=RowWriteCache(repaired.keys, repaired.values, rows),
-                use_cache=True,
-                query_blocks=key_extents(allowed, query_block, key_grid(self.device)),
-            )
+        plan = key_extents(allowed, query_block, key_grid(self.device))  # read on the host, before the block
+        recompute_block(self, repaired.keys, repaired.values, ids, positions, rows, allowed, plan)
         return repaired
 
     @torch.inference_mode()
@@ -268,7 +277,7 @@ class Backbone:
             raise ValueError(f"draft length k must be >= 1, got {k}")
         position, token = kv.next_position, int(last_id)
         tokens, attention = [], []
-        with self.steps.lock, self.attention_implementation(GROUPED_EAGER):
+        with self.steps.lock:
             slab = self.steps.slab(kv, room=k)
             for _ in range(k):
                 logits, weights = self.steps(slab, [token], position, attentions=True)

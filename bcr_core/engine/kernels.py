@@ -120,14 +120,35 @@ def kernel(name: str) -> Iterator[None]:
         _chosen.reset(token)
 
 
-def dispatched_attention(module, query, key, value, attention_mask, **kwargs):
-    """The chosen kernel; `eager` is the model's own eager function (HF keeps one per architecture)."""
-    name = _chosen.get()
+def dispatched_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    attention_kernel: str | None = None,
+    attention_weights: list | None = None,
+    **kwargs,
+):
+    """The kernel named by `attention_kernel`, else the one this thread chose; `eager` is the model's
+    own eager function (HF keeps one per architecture). With `attention_weights` (a list), each
+    layer's weights are appended to it in layer order. Both are forward keywords HF passes down to
+    every layer.
+
+    A step traced whole (`engine.static`) passes both: its kernel is then fixed when the step is built
+    and its weights are a list the step owns, where the context variables of the kernel switch and of
+    HF's `output_attentions` hooks are read per layer per call, which `torch.compile` cannot trace."""
+    name = attention_kernel or _chosen.get()
     if name == "eager":
         forward = sys.modules[type(module).__module__].eager_attention_forward
     else:
         forward = ALL_ATTENTION_FUNCTIONS[name]
-    return forward(module, query, key, value, attention_mask, **kwargs)
+    out, weights = forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_weights is not None:
+        if weights is None:
+            raise ValueError(f"attention kernel {name!r} returns no weights: use {GROUPED_EAGER!r} or 'eager'")
+        attention_weights.append(weights)
+    return out, weights
 
 
 def dispatched_mask(*args, **kwargs):

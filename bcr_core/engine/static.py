@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bcr_core.engine.kernels import current_kernel
+from bcr_core.engine.kernels import DEFAULT_KERNEL, GROUPED_EAGER, current_kernel
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.windows import mask_argument
 
@@ -81,13 +81,24 @@ class Slab:
         return KV(self.keys[:, :, :, :n].clone(), self.values[:, :, :, :n].clone(), self.row_positions[:n].clone())
 
 
-def step(bb, slab: Slab, tokens: torch.Tensor, positions: torch.Tensor, write_rows: torch.Tensor, attentions: bool):
-    """One forward of `tokens` (1, q) at `positions` (1, q) over `slab`, written into `write_rows` (q,):
-    the last token's logits (1, vocab), and with `attentions` every layer's weights of the q queries over
-    the buffer (layers, q, heads, C). Shapes depend only on (capacity, q): a CUDA graph can replay it."""
+def step(
+    bb,
+    slab: Slab,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    write_rows: torch.Tensor,
+    attentions: bool,
+    kernel: str = DEFAULT_KERNEL,
+):
+    """One forward of `tokens` (1, q) at `positions` (1, q) over `slab`, written into `write_rows` (q,),
+    through attention kernel `kernel`: the last token's logits (1, vocab), and with `attentions` every
+    layer's weights of the q queries over the buffer (layers, q, heads, C). Shapes depend only on
+    (capacity, q), and nothing in it reads a tensor's value on the host: `torch.compile(fullgraph=True)`
+    traces it as one graph, and a CUDA graph can replay it."""
     slab.row_positions.index_copy_(0, write_rows, positions[0])
     allowed = slab.row_positions[None, :] <= positions[0][:, None]
     mask = mask_argument(bb.config, allowed[None], positions, slab.row_positions[None], bb.dtype)
+    layer_weights = [] if attentions else None  # filled by the kernel layer by layer (`kernels.dispatched_attention`)
     out = bb.model(
         input_ids=tokens,
         position_ids=positions,
@@ -95,23 +106,45 @@ def step(bb, slab: Slab, tokens: torch.Tensor, positions: torch.Tensor, write_ro
         cache=RowWriteCache(slab.keys, slab.values, write_rows),
         use_cache=True,
         logits_to_keep=1,
-        output_attentions=attentions,
+        attention_kernel=kernel,
+        attention_weights=layer_weights,
     )
-    weights = torch.stack([a[0].transpose(0, 1) for a in out.attentions]) if attentions else None
+    weights = torch.stack([a[0].transpose(0, 1) for a in layer_weights]) if attentions else None
     return out.logits[:, -1], weights
 
 
-class Steps:
-    """Runs `step` for a backbone: plainly on a CPU; on CUDA through one captured graph per shape
-    (capacity, tokens fed, attentions or not), replayed with the inputs copied into its static buffers.
-    A shape whose capture fails runs plainly from then on, with one warning naming the cause."""
+STEP_MODES = ("plain", "compiled", "graphs")
 
-    def __init__(self, bb, graphs: bool | None = None):
+
+class Steps:
+    """Runs `step` for a backbone in one of three modes:
+
+    - `plain`: called as it is (the CPU's default);
+    - `compiled`: `torch.compile(step, fullgraph=True)`, one graph per (capacity, tokens fed, weights or
+      not, kernel): inductor on a CPU, on CUDA `mode="reduce-overhead"` (its CUDA graph trees);
+    - `graphs`: one CUDA graph per such shape captured by hand at first use and replayed with the
+      inputs copied into its static buffers (the default on CUDA). A shape whose capture fails runs
+      plainly from then on, with one warning naming the cause.
+
+    The kernel is read from the calling thread once per call, outside the step, and is part of its key."""
+
+    def __init__(self, bb, mode: str | None = None):
         self.bb = bb
-        self.graphs = bb.device.type == "cuda" if graphs is None else graphs
+        self.mode = mode or ("graphs" if bb.device.type == "cuda" else "plain")
         self.captured: dict[tuple, _Graph | None] = {}
         self.slabs: dict[int, Slab] = {}
         self.lock = threading.RLock()
+        self._compiled = None
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        if mode not in STEP_MODES:
+            raise ValueError(f"unknown step mode {mode!r}: one of {', '.join(STEP_MODES)}")
+        self._mode = mode
 
     def slab(self, kv: KV, room: int) -> Slab:
         """The slab of `kv.length + room` rows' capacity, holding `kv` (the lock must be held)."""
@@ -119,30 +152,50 @@ class Steps:
         slab = self.slabs.get(rows)
         if slab is None or not slab.fits(kv):
             slab = self.slabs[rows] = Slab.empty(kv, rows)
+            for buffer in (slab.keys, slab.values, slab.row_positions):  # CUDA graph trees then replay over
+                torch._dynamo.mark_static_address(buffer)  # them in place instead of copying them in
             self.captured = {key: g for key, g in self.captured.items() if key[0] != rows}
         slab.load(kv)
         return slab
 
     def __call__(self, slab: Slab, tokens: list[int], position: int, attentions: bool = False):
-        """Feed `tokens` at positions from `position` into the slab's next rows; (logits, weights)."""
+        """Feed `tokens` at positions from `position` into the slab's next rows; (logits, weights).
+        With `attentions` the step runs the grouped eager kernel, which returns weights; else the
+        kernel this thread chose (`kernels.kernel`)."""
         device = slab.keys.device
         fed = torch.tensor([tokens], dtype=torch.long, device=device)
         positions = torch.arange(position, position + len(tokens), device=device)[None]
         write_rows = torch.arange(slab.filled, slab.filled + len(tokens), device=device)
         slab.filled += len(tokens)
-        if not self.graphs:
-            return step(self.bb, slab, fed, positions, write_rows, attentions)
-        key = (slab.capacity, len(tokens), attentions, current_kernel())
+        kernel = GROUPED_EAGER if attentions else current_kernel()
+        if self.mode == "compiled":
+            return self.compiled(self.bb, slab, fed, positions, write_rows, attentions, kernel)
+        if self.mode == "plain":
+            return step(self.bb, slab, fed, positions, write_rows, attentions, kernel)
+        key = (slab.capacity, len(tokens), attentions, kernel)
         if key not in self.captured:
-            self.captured[key] = _Graph.capture(self.bb, slab, fed, positions, write_rows, attentions)
+            self.captured[key] = _Graph.capture(self.bb, slab, fed, positions, write_rows, attentions, kernel)
         graph = self.captured[key]
         if graph is None:
-            return step(self.bb, slab, fed, positions, write_rows, attentions)
+            return step(self.bb, slab, fed, positions, write_rows, attentions, kernel)
         return graph.replay(fed, positions, write_rows)
 
     @property
+    def compiled(self):
+        """`step` under `torch.compile(fullgraph=True)`, built on first use; a shape is compiled on its
+        first call (seconds), so a run's first steps pay that once per capacity bucket."""
+        if self._compiled is None:
+            cuda = self.bb.device.type == "cuda"
+            # every capacity bucket x (decode, draft) is its own graph: more than dynamo's default 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._compiled = torch.compile(
+                step, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else None
+            )
+        return self._compiled
+
+    @property
     def replayed_shapes(self) -> int:
-        """How many shapes run as replayed graphs (0 on a CPU)."""
+        """How many shapes run as hand-captured graphs (0 on a CPU)."""
         return sum(g is not None for g in self.captured.values())
 
 
@@ -153,7 +206,7 @@ class _Graph:
         self.graph, self.inputs, self.outputs = graph, inputs, outputs
 
     @classmethod
-    def capture(cls, bb, slab: Slab, fed, positions, write_rows, attentions: bool) -> _Graph | None:
+    def capture(cls, bb, slab: Slab, fed, positions, write_rows, attentions: bool, kernel: str) -> _Graph | None:
         """Warm up on a side stream, then capture. The slab's rows are saved and restored around both,
         so capturing leaves the slab as the plain step would (the step is then run plainly once)."""
         inputs = (fed.clone(), positions.clone(), write_rows.clone())
@@ -162,11 +215,11 @@ class _Graph:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                step(bb, slab, *inputs, attentions)
+                step(bb, slab, *inputs, attentions, kernel)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                outputs = step(bb, slab, *inputs, attentions)
+                outputs = step(bb, slab, *inputs, attentions, kernel)
         except Exception as err:  # a forward that syncs with the host cannot be captured: run it plainly
             warnings.warn(f"CUDA graph capture failed for a step at capacity {slab.capacity}: {err}", stacklevel=2)
             graph = None

@@ -362,12 +362,16 @@ def start(
     return process
 
 
+SERVER_STOP_S = 15  # a server still running this long after SIGTERM is killed
+STOP_WITHIN_S = 60  # `bcr explore` still running this long after Ctrl-C says where it hangs and exits (status 1)
+
+
 def stop(process: subprocess.Popen) -> None:
     """Stop a server started here (its kernels are its children and end with it)."""
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=SERVER_STOP_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

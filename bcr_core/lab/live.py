@@ -31,11 +31,10 @@ def on_this_machine(model: str) -> bool:
     """Whether `model` can be loaded without a network: a fetched model's converted folder, a local
     folder, or a hub id in the local Hugging Face cache."""
     from bcr_core.engine.assets import cache_dir
-    from bcr_core.engine.models import DEFAULT_ALIASES, EMBEDDED_FOLDER, GEMMA_ALIASES, GEMMA_FOLDER
+    from bcr_core.engine.models import fetched_folder
 
-    name = model.strip().lower()
-    if name in DEFAULT_ALIASES | GEMMA_ALIASES:
-        folder = EMBEDDED_FOLDER if name in DEFAULT_ALIASES else GEMMA_FOLDER
+    folder = fetched_folder(model)
+    if folder is not None:
         return (cache_dir() / "models" / folder / "model.safetensors").is_file()
     path = Path(os.path.expanduser(model))
     if path.is_dir():
