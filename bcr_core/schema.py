@@ -88,6 +88,12 @@ RUN: dict[str, Setting] = {
     ),
     "reference": Setting(Optional(ConditionName()), help="condition the b/c splits are taken against (default kvcomm)"),
     "item_seed": Setting(Int(0), 0, help="seed of the synthetic task's items"),
+    "first_item": Setting(
+        Int(0),
+        0,
+        help="index of the first item served: items first_item .. first_item+n-1 of the benchmark's order "
+        "(a calibration reads items its cell never does)",
+    ),
     "batch": Setting(
         Int(1),
         1,
@@ -105,7 +111,7 @@ RUN: dict[str, Setting] = {
         Str(RULES),
         DEFAULT_RULE,
         help="decoding ends at the end token or the cap ('eos'), or also at the first newline after visible text "
-        "('line'); the same for every condition",
+        "('line') or where the first fenced code block closes ('code'); the same for every condition",
     ),
     "dtype": Setting(  # the precision the model is served in (`engine.models.resolve_dtype`)
         Str(DTYPES),

@@ -7,7 +7,7 @@ from helpers import QUESTIONS, run
 from bcr_core.agents import pipeline as pipeline_module
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.engine.batching import BatchDecoder
-from bcr_core.engine.stopping import first_line_ended, stop_rule
+from bcr_core.engine.stopping import first_block_closed, first_line_ended, stop_rule
 from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.reuse.calls import drive, stopping
 from bcr_core.reuse.servers import DenseServer
@@ -45,8 +45,20 @@ def test_the_line_rule_stops_after_the_first_non_blank_line_and_never_before_vis
         True,
         True,
     ]
-    with pytest.raises(SettingError, match="unknown stop rule 'para'.*eos, line"):
+    with pytest.raises(SettingError, match="unknown stop rule 'para'.*eos, line, code"):
         stop_rule("para", Pieces([]))
+
+
+def test_the_code_rule_stops_where_the_first_fenced_block_closes():
+    """The token that closes the first fence ends the answer (kept, like the line rule's newline); prose, a
+    fence still open, or an answer with no fence never stop it (the end token and the cap still do)."""
+    pieces = ["Here", " is", ":\n```", "python\n", "def f(x):\n", "    return x\n", "```", "\n\nIt", " works"]
+    assert stops_after(pieces, stop_rule("code", Pieces(pieces))) == 6
+    merged = ["```python\ndef f(x): return x", "\n```\n", "more"]  # the closing fence inside a token
+    assert stops_after(merged, stop_rule("code", Pieces(merged))) == 1
+    never = ["def f(x):\n", "    return x\n", "\nThis", " adds", " `x`."]
+    assert stops_after(never, stop_rule("code", Pieces(never))) is None
+    assert [first_block_closed(t) for t in ("", "```py\nx", "```py\nx\n```", "``` ```")] == [False, False, True, True]
 
 
 class Marked:

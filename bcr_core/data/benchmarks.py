@@ -54,20 +54,23 @@ def get(name: str) -> Benchmark:
         raise UsageError(f"unknown benchmark {name!r}; known benchmarks: {', '.join(sorted(NAMES))}") from None
 
 
-def item_draw(benchmark: str, item_seed: int) -> dict:
-    """The load options that draw a benchmark's items: the synthetic task's seed; nothing for the
-    fixed data sets, whose items are the same whatever the seed."""
-    return {"seed": item_seed} if benchmark == "synthetic" else {}
+def item_draw(benchmark: str, item_seed: int, first_item: int = 0) -> dict:
+    """The load options that draw a benchmark's items: the synthetic task's seed (nothing for the fixed
+    data sets, whose items are the same whatever the seed), and where the items start when not at 0."""
+    draw = {"seed": item_seed} if benchmark == "synthetic" else {}
+    return draw | ({"first": first_item} if first_item else {})
 
 
-def load_items(benchmark: str, n: int | None = None, **options) -> list[dict]:
-    """The first n items of a benchmark, in the fixed order every condition sees."""
+def load_items(benchmark: str, n: int | None = None, first: int = 0, **options) -> list[dict]:
+    """n items of a benchmark from index `first` (default the first n), in the fixed order every condition sees."""
     if get(benchmark).name == "synthetic":
-        options.setdefault("n", n or 100)
+        options.setdefault("n", first + (n or 100))
     items = get(benchmark).load(**options)
-    if n is not None and n > len(items):
-        raise UsageError(f"--n {n} exceeds the {len(items)} items of {benchmark}")
-    return items[:n]
+    end = len(items) if n is None else first + n
+    if end > len(items):
+        where = f"from item {first} " if first else ""
+        raise UsageError(f"--n {n} {where}exceeds the {len(items)} items of {benchmark}")
+    return items[first:end]
 
 
 def question_text(benchmark: str, item: dict) -> str:

@@ -1,10 +1,10 @@
 """Choosing the prompt and stop rule a model's grid runs under, before the grid runs (`bcr calibrate`).
 
-Each candidate (a `prompt` and a `stop` rule, `data.roles.PROMPTS` x `engine.stopping.RULES`) serves Dense's
-multi-agent pipeline on synthetic items of an item seed the grid never uses, twice per item: with the record
-list (the task) and without it (the no-record control: the question alone, scored against the same record
-values, so a prompt that lets the model answer without reading scores above chance there). Beside each
-candidate's accuracy stands its seam share: the share of calls whose reuse-path ids equal Dense's, so a
+Each candidate (a `prompt` and a `stop` rule, `data.roles.PROMPTS` x `engine.stopping.SHORT_ANSWER_RULES`)
+serves Dense's multi-agent pipeline on synthetic items of an item seed the grid never uses, twice per item:
+with the record list (the task) and without it (the no-record control: the question alone, scored against
+the same record values, so a prompt that lets the model answer without reading scores above chance there).
+Beside each candidate's accuracy stands its seam share: the share of calls whose reuse-path ids equal Dense's, so a
 candidate that hides the tokenization seam shows it.
 
 The rule (`choose`), fixed before any candidate is run: the candidate with the highest Dense accuracy whose
@@ -23,14 +23,14 @@ from bcr_core.agents.pipeline import Pipeline
 from bcr_core.analysis.binary import wilson_ci
 from bcr_core.data import benchmarks, synthetic
 from bcr_core.data.roles import PROMPTS
-from bcr_core.engine.stopping import RULES
+from bcr_core.engine.stopping import SHORT_ANSWER_RULES
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
 from bcr_core.reuse.servers import DenseServer
 from bcr_core.run_folder import append_jsonl, numbered_jsonl, rewrite_jsonl
 from bcr_core.setting_kinds import differences
 
-CANDIDATES = tuple((prompt, stop) for prompt in PROMPTS for stop in RULES)
+CANDIDATES = tuple((prompt, stop) for prompt in PROMPTS for stop in SHORT_ANSWER_RULES)
 CONTROLS = ("records", "no-records")
 GOAL = 0.5  # Dense accuracy in the pipeline the chosen candidate should reach
 NO_RECORD_MAX = 0.10  # near chance: the record values are eight, one of them right, and most answers name none

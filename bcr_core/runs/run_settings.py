@@ -56,5 +56,7 @@ def settings_record(name: str, leave_out: tuple[str, ...] = ()) -> type:
     fields = [(key, Any, field(default=setting.default)) for key, setting in kept.items()]
     namespace = {"__post_init__": post_init, "check": lambda record: None}
     if "benchmark" in kept and "item_seed" in kept:
-        namespace["extra"] = property(lambda record: item_draw(record.benchmark, record.item_seed))
+        namespace["extra"] = property(
+            lambda record: item_draw(record.benchmark, record.item_seed, getattr(record, "first_item", 0))
+        )
     return make_dataclass(name, fields, frozen=True, kw_only=True, namespace=namespace)
