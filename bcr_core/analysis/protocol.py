@@ -18,6 +18,8 @@ The rules (paper §4, App. D), the same for every row:
   90% interval inside the margin; the claim holds when the Holm-adjusted TOST p is below alpha,
   does not hold when the 90% interval lies wholly beyond the margin (the one-sided test of
   non-equivalence at alpha), else it is undecided. The printed interval of every row is 95%.
+- A superiority row that states a smallest effect of interest (`absent_below`) does not hold when its
+  95% interval lies wholly below it: the effect claimed is shown absent.
 - A one-sided claim (`noninferiority`: "no closer than", beyond a margin) holds when its
   Holm-adjusted one-sided p is below alpha and does not hold when the 95% interval lies wholly on
   the other side of the margin.
@@ -78,6 +80,7 @@ class Verdict:
     tost_hi: float | None = None
     resamples: int | None = None  # sign flips behind p (None: exact or analytic)
     items_needed_post_hoc: int | None = None  # 80% power at the observed effect (post hoc)
+    absent_below: float | None = None  # a superiority row whose 95% interval lies below this does not hold
     per_item: pd.Series | None = None  # the per-item values the test reads (not written to CSV)
     parts: pd.DataFrame | None = None  # a share's per-item numerator and denominator (not written to CSV)
 
@@ -151,8 +154,11 @@ def decide(row: Verdict) -> Verdict:
         row.verdict = "holds" if significant else "does not hold" if beyond else "undecided"
     elif row.kind == "noninferiority":
         row.verdict = "holds" if significant else "does not hold" if row.ci_hi < -margin else "undecided"
-    else:
-        row.verdict = ("holds" if row.effect > row.null else "does not hold") if significant else "undecided"
+    elif significant:
+        row.verdict = "holds" if row.effect > row.null else "does not hold"
+    else:  # an effect shown smaller than the smallest of interest, where the row states one, is absent
+        absent = row.absent_below is not None and row.ci_hi is not None and row.ci_hi < row.absent_below
+        row.verdict = "does not hold" if absent else "undecided"
     if row.verdict != "undecided":
         row.items_needed = row.detectable = row.items_needed_post_hoc = None
     return row
@@ -221,7 +227,8 @@ def family(rows: list[Verdict], seed: int = 0) -> pd.DataFrame:
     for row, adjusted in zip(rows, inf.holm([r.p for r in rows])):
         row.p_holm = adjusted
         decide(row)
-    table = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in ("per_item", "parts")} for r in rows])
+    unwritten = ("per_item", "parts", "absent_below")  # the last is in its row's test text
+    table = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in unwritten} for r in rows])
     table.attrs["per_item"] = {r.claim: r.per_item for r in rows if r.per_item is not None}
     table.attrs["parts"] = {r.claim: r.parts for r in rows if r.parts is not None}
     return table
