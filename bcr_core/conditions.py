@@ -25,12 +25,20 @@ from bcr_core.repair.bcr import BCRServer, MatchedBudget
 from bcr_core.repair.layouts import RANKS, SKIP_RULES, LayoutConfig, layout
 from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.repair.selectors import SELECTORS, CoinSelector, Selector
-from bcr_core.reuse.anchors import KVCommConfig
+from bcr_core.reuse.anchors import ASSEMBLIES, KVCommConfig
 from bcr_core.reuse.servers import DenseServer, KVCommServer
 from bcr_core.setting_kinds import Float, Int, Str
 from bcr_core.spec_grammar import Family, Option, Spec
 
 GATE = {"gamma": Option(Float(0.0, 1.0), KVCommConfig.gamma, "KVComm's entropy gate (Equation 2)")}
+ASSEMBLY = {
+    "assembly": Option(
+        Str(ASSEMBLIES),
+        KVCommConfig.assembly,
+        "released: each segment tokenized alone (the tokenization tax); aligned: segments cut where "
+        "Dense's tokenization has a boundary, so the reuse path's ids are Dense's",
+    )
+}
 SEED = {"seed": Option(Int(), 0, "the stream's seed")}
 REPAIR = {
     "chunk": Option(Int(1), LayoutConfig.chunk, "B: the chunk layout's unit and the skip rule's B (App. B)"),
@@ -126,7 +134,9 @@ def make_server(bb, spec: str | Condition):
 
 def kvcomm_config(c: Condition, gamma: float | None = None) -> KVCommConfig:
     """The gate under a policy: `:gamma=` overrides the default (or the policy's own)."""
-    return KVCommConfig(gamma=float(c.options.get("gamma", c.option("gamma") if gamma is None else gamma)))
+    gamma = float(c.options.get("gamma", c.option("gamma") if gamma is None else gamma))
+    assembly = c.option("assembly") if "assembly" in DEFINITIONS[c.name].options else KVCommConfig.assembly
+    return KVCommConfig(gamma=gamma, assembly=assembly)
 
 
 def layout_config(c: Condition) -> LayoutConfig:
@@ -217,7 +227,7 @@ class Definition:
 
 def repair_definition(selector: str, layout_name: str, options: dict, about: str) -> Definition:
     """A repair condition: `selector` ranking rows for `layout_name`, at the paper's rho by default."""
-    return Definition(_repair, GATE | REPAIR | options, paper.RHO, layout_name, selector, about=about)
+    return Definition(_repair, GATE | ASSEMBLY | REPAIR | options, paper.RHO, layout_name, selector, about=about)
 
 
 DEFINITIONS: dict[str, Definition] = {
@@ -225,7 +235,9 @@ DEFINITIONS: dict[str, Definition] = {
     "token-matched-dense": Definition(
         lambda bb, c: DenseServer(bb, token_matched=True), about="Dense on the reuse path's ids (§4.3)"
     ),
-    "kvcomm": Definition(_kvcomm, GATE, paper.GAMMA, about="KVComm: reuse when the entropy gate gamma passes"),
+    "kvcomm": Definition(
+        _kvcomm, GATE | ASSEMBLY, paper.GAMMA, about="KVComm: reuse when the entropy gate gamma passes"
+    ),
     "opengate": Definition(
         lambda bb, c: OpenGateServer(bb, c.default_value, config=kvcomm_config(c, 1.0)),
         {"gamma": Option(Float(0.0, 1.0), 1.0, "OpenGate runs with the entropy gate off (App. I)")},

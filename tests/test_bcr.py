@@ -258,3 +258,30 @@ def test_a_refusal_sends_the_call_dense_with_its_reason_and_activates_nothing(ti
         assert (c.reason == "declined") == passed
     assert any(c.reason == "declined" for c in calls)
     assert all(a.activations == 0 for pool in refuser.pool.pools.values() for a in pool)
+
+
+def test_aligned_assembly_serves_denses_ids_and_full_repair_reproduces_dense_itself(tiny_chat):
+    """With segments cut at Dense's token boundaries (`assembly=aligned`) the reuse path's ids are Dense's on
+    every call, so a repair at rho = 1 reproduces Dense's own greedy tokens, not only token-matched Dense's;
+    under the released assembly the same questions do have seams (the tax the option removes)."""
+    questions = [q + "\n" for q in QUESTIONS[:4]]  # the question's newline meets the template's: a seam
+    released = run(tiny_chat, make_server(tiny_chat, "kvcomm:gamma=1"), questions)
+    assert any(c.merged_ids != c.dense_ids for r in released for c in r.calls)
+    records = run(tiny_chat, make_server(tiny_chat, "bcr-chunk@1:gamma=1,assembly=aligned"), questions)
+    reference = run(tiny_chat, DenseServer(tiny_chat), questions)
+    assert all(c.merged_ids == c.dense_ids for r in records for c in r.calls)
+    repaired = [
+        (c, d) for rec, ref in zip(records, reference) for c, d in zip(rec.calls, ref.calls) if c.mode == "reuse"
+    ]
+    assert repaired, "the warm-up never ended: no call was served from an assembled cache"
+    for call, dense in repaired:
+        assert call.rows_recomputed == len(call.dense_ids) - 1
+        assert call.output_tokens == dense.output_tokens
+
+
+def test_the_assembly_option_is_a_condition_option_with_its_choices_named():
+    assert parse("kvcomm@1:assembly=aligned").settings != parse("kvcomm@1").settings
+    assert parse("kvcomm@1:assembly=released").settings == parse("kvcomm@1").settings
+    assert parse("bcr-chunk:assembly=aligned").label == "bcr-chunk:assembly=aligned"
+    with pytest.raises(UsageError, match="assembly"):
+        parse("kvcomm:assembly=joined")

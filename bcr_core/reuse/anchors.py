@@ -23,6 +23,8 @@ from bcr_core import paper
 from bcr_core.engine.kv import KV, ROW_DIM
 from bcr_core.errors import UsageError
 
+ASSEMBLIES = ("released", "aligned")  # segments tokenized alone (the released code), or cut at Dense's boundaries
+
 
 @dataclass(frozen=True)
 class KVCommConfig:
@@ -33,8 +35,11 @@ class KVCommConfig:
     max_anchors: int = paper.MAX_ANCHORS
     eviction_window: int = paper.EVICTION_WINDOW
     top_p: float = paper.TOP_P
+    assembly: str = "released"  # how a prompt is cut into segments (`ASSEMBLIES`, `reuse.prompts.Prompt.aligned`)
 
     def __post_init__(self):
+        if self.assembly not in ASSEMBLIES:
+            raise UsageError(f"assembly must be one of {', '.join(ASSEMBLIES)}; got {self.assembly!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise UsageError(f"gamma must lie in [0, 1] (1.0 never refuses), got {self.gamma}")
         if not 0.0 < self.top_p <= 1.0:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bcr_core.engine.chat import render_messages
 
@@ -80,6 +80,22 @@ class Prompt:
     @property
     def tokenization_matches(self) -> bool:
         return self.dense_ids == self.merged_ids
+
+    def aligned(self) -> Prompt:
+        """The same text cut where Dense's tokenization has a boundary: each segment holds the Dense tokens
+        whose first character falls in its text, so the reuse path's ids are Dense's and the tokenization
+        tax is gone. A token that straddles a seam (the docstring's closing quotes and the blank line
+        after them) goes to the segment it starts in. The paper's advice (§4.3: "where entry
+        tokenizations do not coincide, the assembly path is the cheaper thing to fix"), an option beside
+        the released assembly (`KVCommConfig.assembly`)."""
+        ids: dict[str, list[int]] = {s.name: [] for s in self.segments}
+        for token, owner in zip(self.dense_ids, self.dense_segment_of):
+            ids[owner].append(token)
+        empty = [s.name for s in self.segments if s.placeholder and not ids[s.name]]
+        if empty:
+            raise ValueError(f"aligned assembly: no token of Dense's starts in placeholder {empty[0]!r}")
+        segments = [replace(s, ids=ids[s.name]) for s in self.segments if ids[s.name]]
+        return replace(self, segments=segments)
 
     def segment_map(self, dense: bool = False) -> list[dict]:
         """Which token rows belong to which segment: [{name, start, stop, placeholder}]."""

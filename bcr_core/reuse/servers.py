@@ -66,6 +66,8 @@ class KVCommServer(Server):
         self.name = name or label("kvcomm", None if config.gamma == KVCommConfig.gamma else config.gamma)
 
     def steps(self, prompt: Prompt, max_new_tokens: int):
+        if self.config.assembly == "aligned":
+            prompt = prompt.aligned()
         self.caches.prepare(prompt)
         ids, spans, node = prompt.merged_ids, prompt.segment_map(), prompt.template.node
         started = time.perf_counter()
