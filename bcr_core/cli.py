@@ -312,7 +312,11 @@ def add_records_commands(sub) -> None:
     export.set_defaults(run=cmd_export)
 
     report = sub.add_parser("report", help="recompute the committed tables (docs/results.md) from records")
-    report.add_argument("kind", choices=REPORTS, help="'claims' (verdicts and grid table) or 'arena'")
+    report.add_argument(
+        "kind",
+        choices=REPORTS,
+        help="'claims' (verdicts and grid table), 'arena', or 'humaneval' (the HumanEval family and its seams)",
+    )
     report.add_argument(
         "folders",
         metavar="FOLDER",

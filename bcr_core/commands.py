@@ -325,7 +325,7 @@ def cmd_export(args) -> int:
     return 0
 
 
-REPORTS = ("claims", "arena")
+REPORTS = ("claims", "arena", "humaneval")
 
 
 def cmd_report(args) -> int:
@@ -335,6 +335,8 @@ def cmd_report(args) -> int:
             raise UsageError(f"{folder}: no such folder of {args.kind} records")
     if args.kind == "claims":
         from bcr_core.analysis.claims_report import main as report
+    elif args.kind == "humaneval":
+        from bcr_core.analysis.humaneval_report import main as report
     else:
         from bcr_core.arena.report import main as report
     report([str(f) for f in args.folders])

@@ -106,3 +106,32 @@ def test_every_row_prints_the_items_it_would_need_when_undecided():
     undecided = table[table["verdict"] == "undecided"]
     assert len(undecided) >= 1
     assert undecided["items_needed"].notna().all() or undecided["items_needed_post_hoc"].notna().all()
+
+
+def test_bcr_report_humaneval_writes_the_family_and_the_seams_of_a_run_folder(tmp_path, capsys, chat_tokenizer):
+    """`bcr report humaneval` on a run folder: the family's verdicts.csv, and the seams of token-matched Dense's
+    calls counted from their id lists with the folder's model's tokenizer (here the embedded model's)."""
+    import json
+
+    from bcr_core.cli import main
+
+    items, calls = world()
+    seam = chat_tokenizer("Maria", add_special_tokens=False)["input_ids"]
+    apart = [t for piece in ("Ma", "ria") for t in chat_tokenizer(piece, add_special_tokens=False)["input_ids"]]
+    assert seam != apart  # the embedded tokenizer splits this text differently at the seam
+    calls = calls.assign(node="agent_1", reason="dense", dense_ids=[seam] * len(calls), merged_ids=[apart] * len(calls))
+    calls = calls.assign(repaired_rows=[[]] * len(calls), segment_map=[[]] * len(calls))
+    (tmp_path / "cell.json").write_text(
+        json.dumps({"model": "default", "benchmark": "humaneval", "conditions": CONDITIONS})
+    )
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items.to_dict("records")))
+    (tmp_path / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in calls.to_dict("records")))
+    assert main(["report", "humaneval", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    written = pd.read_csv(tmp_path / "verdicts.csv")
+    assert list(written["claim"]) == list(hc.PLAN) and set(written["verdict"]) == {"holds"}
+    assert "| reuse costs nothing on HumanEval | accuracy |" in printed
+    counted = pd.read_csv(tmp_path / "seams.csv")
+    assert counted["calls"].sum() == N and counted["share_of_calls"].max() == 1.0  # every call of token-matched Dense
+    assert "token-matched-dense's 164 calls; ids identical to Dense's on 0" in printed
+    assert counted["kind"].tolist() == ["'Maria'"] and counted["reuse_path_split"].tolist() == ["Ma | ria"]

@@ -25,7 +25,7 @@ from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS, all_written_whole
 from bcr_core.run_folder import RunFolder, run_folders
 
-POINTS = {"agrees_dense", "correct", "gap share"}
+POINTS = {"agrees_dense", "agrees_code", "correct", "gap share"}
 LINE_CLAIM = "the gate only slides along Equation 3's line"
 GATE_READ = {  # which gate sweep the line's verdict reads, and whether its rule came first
     claims_grid.GATE_FRESH: f"gate sweep on items of a fresh item seed (`{claims_grid.GATE_FRESH}/`), rule fixed first",

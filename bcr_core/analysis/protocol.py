@@ -52,7 +52,12 @@ REPAIR_MARGIN = 0.054  # §5: the smallest gap between two repairs at one budget
 MIN_EFFECT = 0.03  # the smallest effect of interest on a binary outcome, for prospective power
 KL_MIN_SHARE = 0.10  # on KL to Dense, a tenth of KVComm's per-item KL (reuse's own KL cost)
 ROW_TOLERANCE = 0.05  # realised rows that differ by more than this share are not a matched budget
-MEASURES = {"agrees_dense": "agreement with Dense", "correct": "accuracy", "kl_mean": "KL to Dense"}
+MEASURES = {
+    "agrees_dense": "agreement with Dense",
+    "agrees_code": "final code = Dense's",
+    "correct": "accuracy",
+    "kl_mean": "KL to Dense",
+}
 
 
 @dataclass
