@@ -84,7 +84,8 @@ RUN: dict[str, Setting] = {
         Str(),
         DEFAULT_MODEL,
         help="'default' (embedded SmolLM2-135M-Instruct), 'gemma-3-270m' (Gemma 3 270M base, fetched on first use; "
-        "Gemma terms apply), a local HF directory, or a hub id",
+        "Gemma terms apply), 'qwen2.5-coder-0.5b' (Qwen2.5-Coder-0.5B-Instruct, fetched on first use), a local HF "
+        "directory, or a hub id",
     ),
     "reference": Setting(Optional(ConditionName()), help="condition the b/c splits are taken against (default kvcomm)"),
     "item_seed": Setting(Int(0), 0, help="seed of the synthetic task's items"),
