@@ -134,4 +134,5 @@ def test_bcr_report_humaneval_writes_the_family_and_the_seams_of_a_run_folder(tm
     counted = pd.read_csv(tmp_path / "seams.csv")
     assert counted["calls"].sum() == N and counted["share_of_calls"].max() == 1.0  # every call of token-matched Dense
     assert "token-matched-dense's 164 calls; ids identical to Dense's on 0" in printed
+    assert "Every condition (description)" in printed and "pass_at_1" in printed
     assert counted["kind"].tolist() == ["'Maria'"] and counted["reuse_path_split"].tolist() == ["Ma | ria"]

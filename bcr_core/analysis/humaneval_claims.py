@@ -41,7 +41,7 @@ from bcr_core.analysis.protocol import (
     rows_text,
 )
 from bcr_core.analysis.summary import with_agreement
-from bcr_core.conditions import find
+from bcr_core.conditions import find, parse
 
 PAPER = "§4, Table 4(d)"
 HUMANEVAL_MARGIN = 0.04  # Table 4(d): "every condition's average sits inside four points"
@@ -113,17 +113,26 @@ def untouched_row(items, matched, bcr) -> Verdict:
     return row
 
 
+def recorded(conditions: list[str], name: str) -> str | None:
+    """The first recorded condition called `name` under the released assembly (the family's; the aligned
+    assembly's rows are description beside it)."""
+    return next((c for c in conditions if parse(c).name == name and parse(c).option("assembly") == "released"), None)
+
+
 def humaneval_verdicts(
     items: pd.DataFrame,
     calls: pd.DataFrame,
-    bcr: str = "bcr-chunk",
-    kvcomm: str = "kvcomm@1",
+    bcr: str | None = None,
+    kvcomm: str | None = None,
     dense: str = "dense",
     matched: str = "token-matched-dense",
     seed: int = 0,
 ) -> pd.DataFrame:
-    """The family of `PLAN` on one HumanEval cell's records (Holm over the rows measured)."""
+    """The family of `PLAN` on one HumanEval cell's records (Holm over the rows measured). BCR-chunk and
+    KVComm are the cell's own (the first of each under the released assembly) unless named."""
     conditions = list(dict.fromkeys(items["condition"]))
+    bcr = bcr or recorded(conditions, "bcr-chunk") or "bcr-chunk"
+    kvcomm = kvcomm or recorded(conditions, "kvcomm") or "kvcomm@1"
     bcr, kvcomm, dense, matched = (find(conditions, c) for c in (bcr, kvcomm, dense, matched))
     items = with_code_agreement(items, dense)
     have = lambda *names: all(n in conditions for n in names)  # noqa: E731

@@ -14,7 +14,7 @@ import pandas as pd
 
 from bcr_core.analysis import seams
 from bcr_core.analysis.claims_report import effect_text, p_texts, power_text
-from bcr_core.analysis.humaneval_claims import HUMANEVAL_MARGIN, PLAN, humaneval_verdicts
+from bcr_core.analysis.humaneval_claims import HUMANEVAL_MARGIN, PLAN, humaneval_verdicts, with_code_agreement
 from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES
 from bcr_core.paths import write_text_whole
 from bcr_core.run_folder import RunFolder
@@ -44,6 +44,24 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(header + lines + ["", plan, ""] + notes)
 
 
+def conditions_table(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Per condition, as description (the aligned assembly's conditions among them): items, pass@1, final
+    code identical to Dense's, mean KL to Dense, reuse rate, share of calls whose ids are Dense's, TTFT."""
+    items = with_code_agreement(items, "dense")
+    wanted = {
+        "items": ("item_id", "size"),
+        "pass_at_1": ("correct", "mean"),
+        "code_as_dense": ("agrees_code", "mean"),
+        "kl_to_dense": ("kl_mean", "mean"),
+        "reuse_rate": ("reuse_rate", "mean"),
+        "ttft_s": ("ttft_s_mean", "mean"),
+    }
+    table = items.groupby("condition", sort=False).agg(**{k: v for k, v in wanted.items() if v[0] in items})
+    if "ids_match" in calls:
+        table["ids_as_dense"] = calls.groupby("condition", sort=False)["ids_match"].mean()
+    return table.reset_index()
+
+
 def seam_table(run: RunFolder) -> pd.DataFrame | None:
     """Seam counts over token-matched Dense's calls (any condition's where it did not run), from id lists."""
     calls = run.calls()
@@ -70,6 +88,7 @@ def main(folders: list[str]) -> None:
         table = humaneval_verdicts(items, calls)
         write_text_whole(folder / "verdicts.csv", table.to_csv(index=False))
         print(f"## {folder} ({run.model})\n\n{markdown(table)}\n")
+        print(f"Every condition (description):\n\n{conditions_table(items, calls).round(4).to_string(index=False)}\n")
         found = seam_table(run)
         if found is not None:
             write_text_whole(folder / SEAMS, found.to_csv(index=False))
