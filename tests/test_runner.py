@@ -274,3 +274,33 @@ def test_every_committed_cell_json_reads_back_to_the_record_it_holds():
         # an arena's selectors are relabelled by the registry (`oracle`, its old name, is `kv-error`)
         assert written.pop("selectors", None) is None or "selectors" in found
         assert written == {k: v for k, v in run_writer.identity(found).items() if k != "selectors"}, path
+
+
+def test_first_item_serves_a_later_slice_and_older_folders_keep_their_identity(tmp_path):
+    """`first_item` serves items first_item .. first_item+n-1 of the benchmark's order (a calibration reads
+    tasks its cell never does); a folder written before the setting existed is still the cell at 0, and a
+    cell at another first item is refused by it."""
+    import json
+    import shutil
+
+    from bcr_core.data import benchmarks
+    from bcr_core.paths import RESULTS
+
+    later = benchmarks.load_items("humaneval", 24, first=140)
+    assert [t["task_id"] for t in later] == [f"HumanEval/{i}" for i in range(140, 164)]
+    assert [it["id"] for it in benchmarks.load_items("synthetic", 3, first=2, seed=5)] == [
+        it["id"] for it in benchmarks.load_items("synthetic", 5, seed=5)[2:]
+    ]
+    with pytest.raises(UsageError, match="--n 25 from item 140 exceeds the 164 items of humaneval"):
+        benchmarks.load_items("humaneval", 25, first=140)
+    cell = Cell(benchmark="humaneval", agents=3, conditions=["dense"], n=24, first_item=140)
+    assert cell.extra == {"first": 140}
+    committed = json.loads((RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json").read_text())
+    assert "first_item" not in committed
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(RESULTS / "claims-gemma-3-270m" / "gate" / "cell.json", old / "cell.json")
+    settings = dict(benchmark="synthetic", agents=3, conditions=committed["conditions"], n=100, max_new_tokens=8)
+    run_writer.check_folder(old, Cell(**settings, model="gemma-3-270m"))
+    with pytest.raises(UsageError, match="holds a run with other settings"):
+        run_writer.check_folder(old, Cell(**settings, model="gemma-3-270m", first_item=5))
