@@ -142,7 +142,7 @@ def test_wasted_rows_are_counted_and_rank_predicted_wastes_none(tiny_chat, name)
 
 
 def test_unknown_and_repeated_condition_options_are_refused():
-    with pytest.raises(UsageError, match=r"takes no option 'chunks'.*its options: chunk, gamma, rank, skip"):
+    with pytest.raises(UsageError, match=r"takes no option 'chunks'.*its options: assembly, chunk, gamma, rank, skip"):
         parse("bcr-chunk:chunks=16")
     with pytest.raises(UsageError, match=r"takes no option 'rho'"):
         parse("bcr-chunk:rho=1.0")
