@@ -2,15 +2,15 @@
 side by side in one process on this machine.
 
     python benchmarks/step_modes.py [--model default] [--lengths 160,512,2048] [--dtypes float32,bfloat16]
-                                    [--repeats 5] [--item] [--json]
+                                    [--repeats 5] [--item N] [--json]
 
 Per dtype and length, on a cache of that many rows: one decode step and one two-token draft, each in
 `Steps`' plain and compiled modes (`engine.static`), medians over `repeats` after a warm-up; the compiled
 mode's first call (tracing and inductor's code generation for that shape) is reported as its compile
-time. `--item` adds one item of the claims grid's cell a (synthetic, 3 agents, the six conditions,
-fidelity, batch 8) served end to end in each mode, compile time included, in fresh folders; prefill is
-timed too, per dtype (it does not depend on the mode). Each mode's tokens are checked equal to the plain
-mode's. Ratios are compiled / plain and bfloat16 / float32 (below 1: faster).
+time. `--item N` adds the first N items of the claims grid's cell a (synthetic, 3 agents, the six
+conditions, fidelity, batch 8; the first items only warm KVComm's pool) served end to end in each mode,
+compile time included, in fresh folders, plain first; prefill is timed too, per dtype (it does not depend
+on the mode). Each mode's tokens are checked equal to the plain mode's. Ratios are compiled / plain and bfloat16 / float32 (below 1: faster).
 """
 
 from __future__ import annotations
@@ -82,8 +82,10 @@ def step_rows(bb: Backbone, length: int, repeats: int) -> list[dict]:
     return rows
 
 
-def item_rows(model: str, dtype: str) -> list[dict]:
-    """One item of the claims cell a, end to end, plain then compiled (a fresh backbone each)."""
+def item_rows(model: str, dtype: str, n: int) -> list[dict]:
+    """The first `n` items of the claims cell a, end to end, plain then compiled (a fresh backbone each);
+    the first items warm KVComm's anchor pool (served densely, no draft), so `n` must pass the warm-up
+    for a draft step to run at all."""
     from bcr_core.runs.cell import RunSettings
     from bcr_core.runs.runner import run_cell
 
@@ -96,7 +98,7 @@ def item_rows(model: str, dtype: str) -> list[dict]:
             dtype=dtype,
             benchmark="synthetic",
             agents=3,
-            n=1,
+            n=n,
             max_new_tokens=8,
             fidelity=True,
             conditions=CELL_A,
@@ -106,10 +108,12 @@ def item_rows(model: str, dtype: str) -> list[dict]:
             started = time.perf_counter()
             table = run_cell(bb, cell, Path(out), progress=False, batch=8)
             seconds = time.perf_counter() - started
-        rows.append({"dtype": dtype, "mode": mode, "item_s": seconds, "answers": table["answer"].tolist()})
+        reused = float(table.loc[table["condition"] != "dense", "reuse_rate"].mean())
+        rows.append({"dtype": dtype, "mode": mode, "items": n, "seconds": seconds, "reuse_rate": reused})
+        rows[-1]["answers"] = table["answer"].tolist()
     plain, compiled = rows
     compiled["same_answers"] = compiled["answers"] == plain["answers"]
-    compiled["compiled_over_plain"] = compiled["item_s"] / plain["item_s"]
+    compiled["compiled_over_plain"] = compiled["seconds"] / plain["seconds"]
     return rows
 
 
@@ -119,7 +123,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="160,512,2048")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--item", action="store_true", help="also one item of the claims cell a, end to end")
+    parser.add_argument("--item", type=int, default=0, help="also this many items of the claims cell a, end to end")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     steps, items = [], []
@@ -129,7 +133,7 @@ def main() -> None:
             steps.extend(step_rows(bb, length, args.repeats))
         del bb
         if args.item:
-            items.extend(item_rows(args.model, dtype))
+            items.extend(item_rows(args.model, dtype, args.item))
     table = pd.DataFrame(steps)
     fp32 = table[table.dtype == "float32"].set_index(["rows", "operation"])
     for dtype in table.dtype.unique():
