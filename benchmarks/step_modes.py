@@ -10,7 +10,8 @@ mode's first call (tracing and inductor's code generation for that shape) is rep
 time. `--item N` adds the first N items of the claims grid's cell a (synthetic, 3 agents, the six
 conditions, fidelity, batch 8; the first items only warm KVComm's pool) served end to end in each mode,
 compile time included, in fresh folders, plain first; prefill is timed too, per dtype (it does not depend
-on the mode). Each mode's tokens are checked equal to the plain mode's. Ratios are compiled / plain and bfloat16 / float32 (below 1: faster).
+on the mode). Each mode's tokens are checked equal to the plain mode's. Ratios are compiled / plain and
+bfloat16 / float32 (below 1: faster).
 """
 
 from __future__ import annotations
