@@ -91,3 +91,37 @@ def test_the_committed_calibration_table_is_its_records():
     assert_table_is(pd.read_csv(COMMITTED / "table.csv"), by_hand(records))
     assert {r["item_seed"] for r in records} == {1}  # never the grid's items (seed 0)
     assert all(v["items"] <= 50 for v in by_hand(records).values())
+
+
+def test_the_budget_rule_takes_the_cheapest_candidate_within_one_task_of_the_longest(tmp_path):
+    """`choose_budget`, on run folders written out by hand: a candidate two tasks short is refused however
+    cheap, one task short is taken when cheapest, and the table counts tokens and calls at the cap."""
+    import json
+
+    from bcr_core.probes.calibration import budget_table, choose_budget
+
+    def folder(name, stop, cap, passing, tokens):
+        path = tmp_path / name
+        path.mkdir()
+        settings = {"benchmark": "humaneval", "n_agents": 3, "conditions": ["dense"], "n": 6, "max_new_tokens": cap}
+        (path / "cell.json").write_text(json.dumps(settings | {"stop": stop, "model": "qwen2.5-coder-0.5b"}))
+        items = [{"condition": "dense", "item_id": f"HumanEval/{i}", "correct": i < passing} for i in range(6)]
+        calls = [
+            {"condition": "dense", "item_id": f"HumanEval/{i}", "node": f"agent_{k}", "reason": "dense"}
+            | {"output_tokens": [0] * tokens}
+            for i in range(6)
+            for k in range(4)
+        ]
+        (path / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
+        (path / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in calls))
+        return path
+
+    folders = {
+        "eos-512": folder("eos-512", "eos", 512, 4, 512),
+        "code-512": folder("code-512", "code", 512, 3, 200),
+        "code-256": folder("code-256", "code", 256, 2, 150),
+    }
+    table = budget_table(folders).set_index("candidate")
+    assert table.loc["eos-512", "tokens_per_item"] == 4 * 512 and table.loc["eos-512", "calls_at_cap"] == 1.0
+    assert table.loc["code-512", "calls_at_cap"] == 0.0 and table.loc["code-256", "passed"] == 2
+    assert choose_budget(table.reset_index(), "eos-512")["candidate"] == "code-512"

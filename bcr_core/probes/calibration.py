@@ -133,3 +133,47 @@ def choose(table: pd.DataFrame) -> pd.Series:
     near_chance = table[table.no_record_accuracy <= NO_RECORD_MAX]
     pool = near_chance if len(near_chance) else table.nsmallest(1, "no_record_accuracy")
     return pool.sort_values("dense_accuracy", ascending=False, kind="stable").iloc[0]
+
+
+# ------------------------------------------------------------------------------- a decoding budget
+SLACK_ITEMS = 1  # a candidate may pass this many tasks fewer than the longest budget and still be chosen
+
+
+def budget_table(folders: dict[str, Path]) -> pd.DataFrame:
+    """Per candidate (a run folder of Dense alone, named by its grid cell), on the items every candidate
+    finished: its stop rule and cap, items, tasks passed (with the Wilson 95% interval of pass@1), new tokens
+    per item (over all its calls) and the share of calls that ran to the cap."""
+    from bcr_core.run_folder import RunFolder
+
+    runs = {name: RunFolder(Path(path)) for name, path in folders.items()}
+    items = {name: {r["item_id"]: r for r in run.items() if r["condition"] == "dense"} for name, run in runs.items()}
+    shared = set.intersection(*(set(found) for found in items.values())) if items else set()
+    rows = []
+    for name, run in runs.items():
+        cap = run.settings["max_new_tokens"]
+        calls = [c for c in run.calls() if c["condition"] == "dense" and c["item_id"] in shared]
+        passed = sum(bool(items[name][i]["correct"]) for i in shared)
+        lo, hi = wilson_ci(passed, len(shared)) if shared else (float("nan"), float("nan"))
+        rows.append(
+            {
+                "candidate": name,
+                "stop": run.settings.get("stop", "eos"),
+                "max_new_tokens": cap,
+                "items": len(shared),
+                "passed": passed,
+                "pass_at_1": passed / len(shared) if shared else float("nan"),
+                "pass_at_1_lo": lo,
+                "pass_at_1_hi": hi,
+                "tokens_per_item": sum(len(c["output_tokens"]) for c in calls) / max(len(shared), 1),
+                "calls_at_cap": sum(len(c["output_tokens"]) >= cap for c in calls) / max(len(calls), 1),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def choose_budget(table: pd.DataFrame, longest: str) -> pd.Series:
+    """The rule fixed before the calibration ran: of the candidates passing at most `SLACK_ITEMS` tasks fewer
+    than the `longest` budget's on the same items, the one that spends the fewest new tokens per item."""
+    floor = int(table.set_index("candidate").loc[longest, "passed"]) - SLACK_ITEMS
+    pool = table[table["passed"] >= floor]
+    return pool.sort_values("tokens_per_item", kind="stable").iloc[0]
