@@ -26,6 +26,7 @@ from bcr_core.commands import (
     cmd_export,
     cmd_grid,
     cmd_notebooks,
+    cmd_plan,
     cmd_report,
     cmd_run,
     cmd_ttft,
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_arena_deepen,
         add_calibrate,
         add_grid,
+        add_plan,
         add_notebooks,
         add_explore,
         add_records_commands,
@@ -215,6 +217,25 @@ def add_calibrate(sub) -> None:
     )
     add_common(calibrate)
     calibrate.set_defaults(run=cmd_calibrate)
+
+
+def add_plan(sub) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="size a confirmatory run from a pilot claims folder: a grid file of the conditions its undecided "
+        "claims need, on fresh items, n fixed by simulating each claim's own test",
+    )
+    plan.add_argument("pilot", type=Path, metavar="PILOT_FOLDER", help="a claims folder (e.g. results/claims)")
+    plan.add_argument("--out", type=Path, required=True, help="the grid file (TOML) to write and commit")
+    plan.add_argument("--power", type=float, default=0.8, help="the power each planned claim is sized for")
+    plan.add_argument(
+        "--claims",
+        type=lambda text: [c.strip() for c in text.split(",") if c.strip()],
+        default=None,
+        help="comma-separated claims to size (default: every undecided claim bcr plan sizes that fits --max-items)",
+    )
+    plan.add_argument("--max-items", type=int, default=5000, help="the most items a planned run may take")
+    plan.set_defaults(run=cmd_plan)
 
 
 def add_grid(sub) -> None:

@@ -311,6 +311,57 @@ def stop_within(seconds: float) -> None:
     faulthandler.dump_traceback_later(seconds, exit=True)
 
 
+def cmd_plan(args) -> int:
+    """A confirmation's grid file, sized from a pilot claims folder (`analysis.planning`)."""
+    from bcr_core.analysis import claims_report, planning
+    from bcr_core.paths import RESULTS, write_text_whole
+    from bcr_core.run_folder import run_folders
+
+    if not args.pilot.is_dir():
+        raise UsageError(f"{args.pilot}: no such pilot folder")
+    verdicts = claims_report.compute(args.pilot)["verdicts"]
+    try:
+        claims = planning.planned_claims(verdicts, args.claims, args.max_items)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if not claims:
+        raise UsageError(f"{args.pilot}: no undecided claim bcr plan sizes fits --max-items {args.max_items}")
+    alpha = 0.05 / len(claims)
+    per_item = verdicts.attrs["per_item"]
+    sizings = []
+    for claim in claims:
+        d = per_item[claim].to_numpy(float)
+        binary = set(map(float, d)) <= {-1.0, 0.0, 1.0}
+        sizings.append(planning.size_claim(claim, d, binary, alpha, args.power, args.max_items))
+    unsized = [s.claim for s in sizings if s.items is None]
+    if unsized:
+        raise UsageError(f"{unsized[0]!r}: {args.power:.0%} power needs more than --max-items {args.max_items} items")
+    pilot = next(r for r in run_folders(args.pilot) if {"dense", "kvcomm"} <= set(r.settings["conditions"]))
+    found = pilot.settings
+    settings = {
+        "model": found.get("model", "default"),
+        "dtype": found.get("dtype", "float32"),
+        "benchmark": found["benchmark"],
+        "agents": found["n_agents"],
+        "max_new_tokens": found["max_new_tokens"],
+        "fidelity": bool(found.get("fidelity", False)),
+        "prompt": found.get("prompt", "standard"),
+        "stop": found.get("stop", "eos"),
+        "batch": 8,
+    }
+    used = {
+        (r.settings.get("extra") or {}).get("seed", 0)
+        for r in run_folders(RESULTS)
+        if r.settings.get("model", "default") == settings["model"] and r.settings.get("benchmark") == "synthetic"
+    }
+    seed = planning.fresh_item_seed(used)
+    text = planning.grid_text(sizings, str(args.pilot), settings, seed, alpha, args.power)
+    write_text_whole(args.out, text)
+    print(text)
+    print(f"wrote {args.out}: commit it before the run", file=sys.stderr)
+    return 0
+
+
 def cmd_export(args) -> int:
     from bcr_core.run_folder import export, read_records
     from bcr_core.runs.run_writer import unfinished
