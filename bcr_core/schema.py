@@ -95,6 +95,11 @@ RUN: dict[str, Setting] = {
         help="index of the first item served: items first_item .. first_item+n-1 of the benchmark's order "
         "(a calibration reads items its cell never does)",
     ),
+    "confirms": Setting(
+        Optional(ListOf(Str())),
+        help="a confirmation's planned claims (`bcr plan` writes them): its folder is read as its own family on "
+        "exactly its n items, on items no committed folder of the model read",
+    ),
     "batch": Setting(
         Int(1),
         1,

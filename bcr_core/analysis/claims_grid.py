@@ -33,7 +33,7 @@ def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.Data
     items, calls = [], []
     for found in run_folders(folder):
         run = found.path.relative_to(folder).as_posix()
-        if run in skip:
+        if run in skip or found.settings.get("confirms"):  # a confirmation is its own family (`confirmation`)
             continue
         items += [r | {"run": run} for r in found.items()]
         calls += found.calls()

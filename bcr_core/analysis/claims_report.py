@@ -17,12 +17,12 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from bcr_core.analysis import claims, claims_grid, monte_carlo
+from bcr_core.analysis import claims, claims_grid, confirmation, monte_carlo
 from bcr_core.analysis import transfer as transfer_test
 from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, MIN_EFFECT, REPAIR_MARGIN
 from bcr_core.analysis.summary import GRID, condition_table
 from bcr_core.errors import UsageError
-from bcr_core.paths import RESULTS, all_written_whole
+from bcr_core.paths import RESULTS, all_written_whole, write_text_whole
 from bcr_core.run_folder import RunFolder, run_folders
 
 POINTS = {"agrees_dense", "agrees_code", "correct", "gap share"}
@@ -252,6 +252,15 @@ def transfer_cells(row, model: str) -> list[str]:
     return [diff, holm, margin, tost, row["transfers"]]
 
 
+def incomplete_text(table: pd.DataFrame) -> str:
+    """An incomplete confirmation: its planned claims, no verdict, and why."""
+    lines = ["| claim | verdict |", "| --- | --- |"] + [f"| {c} | **incomplete** |" for c in table["claim"]]
+    return (
+        "\n".join(lines)
+        + f"\n\nIncomplete: the folder {table['evidence'].iloc[0]}; no test is run until it holds them."
+    )
+
+
 def main(folders: list[str]) -> None:
     for folder in folders:
         check_not_arena(Path(folder))
@@ -263,5 +272,12 @@ def main(folders: list[str]) -> None:
         print(grid_markdown(tables["grid_table"]))
         print()
         verdicts[label_of(folder)] = tables["verdicts"]
+        for run in confirmation.confirmations(Path(folder)):
+            found = confirmation.confirmation_verdicts(run, root=RESULTS)
+            write_text_whole(run.path / "verdicts.csv", found.to_csv(index=False))
+            planned = f"{len(found)} claims planned, n = {run.settings['n']}"
+            print(f"Confirmation {run.path} ({planned}; its own family, beside the pilot's):\n")
+            print(markdown(found) if (found["verdict"] != confirmation.INCOMPLETE).all() else incomplete_text(found))
+            print()
     if len(folders) > 1:
         print(transfer_markdown(transfer(verdicts), list(verdicts)))

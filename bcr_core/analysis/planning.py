@@ -166,7 +166,8 @@ def grid_text(sizings: list[Sizing], pilot: str, settings: dict, item_seed: int,
     ]
     for key, value in settings.items():
         lines.append(f"{key} = {toml_value(value)}")
-    lines += [f"item_seed = {item_seed}", f"n = {n}", "", "[cells.confirm]", f"conditions = {toml_value(conditions)}"]
+    lines += [f"item_seed = {item_seed}", f"n = {n}", f"confirms = {toml_value([s.claim for s in sizings])}"]
+    lines += ["", "[cells.confirm]", f"conditions = {toml_value(conditions)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -268,7 +268,14 @@ def check_folder(out: Path, cell: Cell) -> None:
 
 # Settings added after runs were committed, at the value every earlier run had: a folder written before
 # one existed holds no key for it, and one at that value writes none, so both keep one identity.
-LATER_SETTINGS = {"prompt": DEFAULT_PROMPT, "stop": DEFAULT_RULE, "shard": "", "dtype": "float32", "first_item": 0}
+LATER_SETTINGS = {
+    "prompt": DEFAULT_PROMPT,
+    "stop": DEFAULT_RULE,
+    "shard": "",
+    "dtype": "float32",
+    "first_item": 0,
+    "confirms": None,
+}
 
 
 def identity(settings: dict) -> dict:

@@ -100,6 +100,15 @@ def check_served_dtype(bb, cell: Cell) -> None:
         )
 
 
+def check_confirmation(cell: Cell, out: Path) -> None:
+    """A confirmation's items are fresh: refuse one whose item draw a committed pilot of the model read."""
+    if cell.confirms:
+        from bcr_core.analysis.confirmation import check_fresh
+        from bcr_core.paths import RESULTS
+
+        check_fresh(cell.record(), RESULTS, str(out))
+
+
 def make_servers(bb, cell: Cell, batch: int, prefix_prefills: bool, share_log_probs: bool):
     """Each condition's server and the fidelity reference (None without `--fidelity`), sharing
     segment caches, and above batch size 1 the prefills of equal ids. `prefix_prefills` also extends
@@ -165,6 +174,7 @@ def run_cell(
     """
     items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
     check_served_dtype(bb, cell)
+    check_confirmation(cell, out)
     files = RunFiles(out, cell)
     try:
         pipeline = Pipeline(
