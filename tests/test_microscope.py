@@ -137,3 +137,25 @@ def test_the_searched_lane_leaves_no_more_kl_than_any_lane_and_is_kept_at_its_co
     assert drawn.picks["searched"] == served.views[-1].searched[drawn.count]["rows"]
     assert view.answer_with(None, drawn.picks["searched"], 4) is not None
     assert "searched" not in lab.explore(view, layout_name="chunk", rho=0.7, chunk=8).picks
+
+
+def test_the_figure_marks_each_seam_where_the_reuse_paths_ids_part_from_denses(served):
+    """A red tick over each seam's cached rows: none where the two id lists agree; with one of Dense's ids
+    changed at row 7 (a seam injected), exactly one tick, over row 7; a seam past the cached rows is not drawn."""
+    import dataclasses
+
+    view = served.view()
+
+    def ticks(record) -> list[tuple[float, float]]:
+        changed = dataclasses.replace(view, record=record)
+        figure = lab.attention_figure(changed, lab.explore(changed, layout_name="chunk", rho=0.3, chunk=8))
+        return [(s.x0, s.x1) for s in figure.layout.shapes if s.name == "seam"]
+
+    same = dataclasses.replace(view.record, dense_ids=list(view.record.merged_ids))
+    assert ticks(same) == []
+    dense = list(view.record.merged_ids)
+    dense[7] = dense[7] + 1
+    assert ticks(dataclasses.replace(view.record, dense_ids=dense)) == [(6.5, 7.5)]
+    last = list(view.record.merged_ids)
+    last[-1] = last[-1] + 1  # the prompt's last id is fed at decode, not cached
+    assert ticks(dataclasses.replace(view.record, dense_ids=last)) == []

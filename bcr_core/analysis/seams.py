@@ -16,10 +16,15 @@ import difflib
 import pandas as pd
 
 
+def seam_spans(dense_ids: list[int], merged_ids: list[int]) -> list[tuple[int, int, int, int]]:
+    """Each span where the two id sequences differ, as (Dense's start, stop, the reuse path's start, stop)."""
+    matcher = difflib.SequenceMatcher(a=dense_ids, b=merged_ids, autojunk=False)
+    return [(a0, a1, b0, b1) for op, a0, a1, b0, b1 in matcher.get_opcodes() if op != "equal"]
+
+
 def seams(dense_ids: list[int], merged_ids: list[int]) -> list[tuple[list[int], list[int]]]:
     """Each span where the two id sequences differ: (Dense's ids there, the reuse path's ids there)."""
-    matcher = difflib.SequenceMatcher(a=dense_ids, b=merged_ids, autojunk=False)
-    return [(dense_ids[a0:a1], merged_ids[b0:b1]) for op, a0, a1, b0, b1 in matcher.get_opcodes() if op != "equal"]
+    return [(dense_ids[a0:a1], merged_ids[b0:b1]) for a0, a1, b0, b1 in seam_spans(dense_ids, merged_ids)]
 
 
 def seam_rows(calls: list[dict], tokenizer) -> pd.DataFrame:

@@ -8,12 +8,13 @@ into an `Exploration`; `attention_figure` draws it and `update_figure` redraws i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from bcr_core import paper
+from bcr_core.analysis import seams
 from bcr_core.errors import UsageError
 from bcr_core.lab import microscope
 from bcr_core.lab.heatmap import attention_figure, update_figure
@@ -37,6 +38,7 @@ class Exploration:
     picks: dict[str, list[int]]  # the microscope: each selector's rows at the same count ({} without a field)
     error: np.ndarray | None  # (rows,): the true per-row error (the oracle's score)
     deviation: np.ndarray | None  # (rows,): CacheBlend's layer-1 deviation
+    seams: list[tuple[int, int]] = field(default_factory=list)  # cached rows where the ids part from Dense's
 
     @property
     def count(self) -> int:
@@ -83,7 +85,15 @@ def explore(
         microscope.picks(view, len(selected), chunk),
         microscope.band(view, microscope.ERROR),
         microscope.band(view, microscope.DEVIATION),
+        seam_rows(view),
     )
+
+
+def seam_rows(view: CallView) -> list[tuple[int, int]]:
+    """The cached rows (start, stop) where the reuse path's ids part from Dense's: the tokenization tax's seams."""
+    record = view.record
+    spans = seams.seam_spans(record.dense_ids, record.merged_ids)
+    return [(b0, min(max(b1, b0 + 1), view.rows)) for _, _, b0, b1 in spans if b0 < view.rows]
 
 
 NOT_DECODED = "(not decoded: a saved inspection keeps only the answers decoded when it was made)"

@@ -5,7 +5,8 @@ Five panels share the cache-row axis: the draft's attention per layer (log10, th
 marked in red above it), the microscope's two bands (the true per-row error and CacheBlend's
 layer-1 deviation, each coloured on its own scale), the score the layout ranks (selected rows
 red), and one lane per selector of the microscope's field with the rows it picks at the same
-count. Segment boundaries are dotted lines, shared segments shaded.
+count. Segment boundaries are dotted lines, shared segments shaded, and a red tick above the heatmap marks
+each seam where the reuse path's ids part from Dense's (the tokenization tax).
 
 Traces, in order (checks read them by index): 0 heatmap, 1 score bars, 2 selected-row marks,
 3 error band, 4 deviation band, 5 the field's picks.
@@ -19,6 +20,7 @@ import copy
 import numpy as np
 
 SELECTED, OTHER, SHARED_FILL = "crimson", "steelblue", "rgba(255, 200, 0, 0.12)"
+SEAM = "rgba(220, 0, 0, 0.8)"  # a seam of the tokenization tax: the reuse path's ids part from Dense's there
 ERROR_NAME, DEVIATION_NAME = "true error (kv-error)", "CacheBlend deviation (layer 1)"
 PANELS = [0.40, 0.045, 0.045, 0.2, 0.31]  # heatmap, error band, deviation band, score, field lanes
 HEIGHT = 960
@@ -111,6 +113,15 @@ def boundary_shapes(exploration) -> tuple[list[dict], list[dict]]:
     return shapes, notes
 
 
+def seam_shapes(exploration) -> list[dict]:
+    """A red tick over the rows of each seam (where the reuse path's ids part from Dense's), above the heatmap."""
+    tick = dict(fillcolor=SEAM, line=dict(width=0), layer="above", name="seam")
+    return [
+        dict(type="rect", xref="x", yref="paper", x0=start - 0.5, x1=stop - 0.5, y0=0.97, y1=1.0) | tick
+        for start, stop in exploration.seams
+    ]
+
+
 def band(values, rows: int) -> list[list]:
     """One band's z: a single row of values (None where the field has no score for the row)."""
     if values is None:
@@ -141,6 +152,7 @@ def update_figure(figure, view, exploration) -> None:
     picked[exploration.selected] = True
     layers = exploration.heat.shape[0]
     shapes, notes = boundary_shapes(exploration)
+    shapes += seam_shapes(exploration)
     lanes = list(exploration.picks)
     field_x = [r for label in lanes for r in exploration.picks[label]]
     field_y = [label for label in lanes for _ in exploration.picks[label]]
