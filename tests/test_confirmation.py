@@ -75,3 +75,17 @@ def test_a_confirmation_on_the_pilots_items_is_refused_in_one_line_and_the_pilot
     assert set(items["run"]) == {"a"} and len(items) == 3 * 200
     fresh = write_run(tmp_path / "root" / "confirm-2", right, held=400, seed=4)
     confirmation.confirmation_verdicts(fresh, root=tmp_path / "root")  # item seed 4: nobody read it
+
+
+def test_the_committed_confirmation_gives_the_documented_verdicts():
+    """results/claims/confirm-1 (SmolLM2's confirmation of its two reuse-cost rows): read as its own family on its
+    489 planned items, both hold, and docs/results.md shows exactly that table."""
+    from bcr_core.analysis import claims_report
+    from bcr_core.paths import CHECKOUT, RESULTS
+
+    run = RunFolder(RESULTS / "claims" / "confirm-1")
+    table = confirmation.confirmation_verdicts(run, root=RESULTS)
+    assert list(table["claim"]) == PLANNED and set(table["verdict"]) == {"holds"} and set(table["n"]) == {489}
+    shown_in = (CHECKOUT / "docs" / "results.md").read_text()
+    for line in claims_report.markdown(table).splitlines()[:4]:
+        assert line in shown_in, line
