@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from bcr_core.analysis import claims
-from bcr_core.analysis.protocol import Verdict, family
+from bcr_core.analysis.protocol import Verdict, family, verdict_table
 from bcr_core.errors import UsageError
 from bcr_core.run_folder import RunFolder, run_folders
 
@@ -85,9 +85,7 @@ def incomplete(planned: list[str], why: str) -> pd.DataFrame:
     rows = [Verdict(c, "", "accuracy", "the planned test, once the planned items are in", INCOMPLETE) for c in planned]
     for row in rows:
         row.evidence = why
-    return pd.DataFrame(
-        [{k: v for k, v in vars(r).items() if k not in ("per_item", "parts", "absent_below")} for r in rows]
-    )
+    return verdict_table(rows)
 
 
 def confirmations(root: Path) -> list[RunFolder]:

@@ -130,11 +130,8 @@ def planned_claims(verdicts, claims: list[str] | None, max_items: int) -> list[s
             raise ValueError(f"bcr plan sizes {', '.join(repr(c) for c in CLAIM_CONDITIONS)}; not {unknown[0]!r}")
         return claims
     rows = verdicts[(verdicts["verdict"] == "undecided") & verdicts["claim"].isin(list(CLAIM_CONDITIONS))]
-    return [
-        r.claim
-        for r in rows.itertuples()
-        if r.items_needed_post_hoc == r.items_needed_post_hoc and r.items_needed_post_hoc <= max_items
-    ]
+    fits = rows["items_needed_post_hoc"].notna() & (rows["items_needed_post_hoc"] <= max_items)
+    return list(rows.loc[fits, "claim"])
 
 
 def fresh_item_seed(used: set[int]) -> int:

@@ -213,6 +213,13 @@ def rows_differ(calls, a: str, b: str, item_ids) -> bool:
     return abs(ra - rb) > ROW_TOLERANCE * max(ra, rb, 1e-9)
 
 
+def verdict_table(rows: list[Verdict]) -> pd.DataFrame:
+    """The rows as written to `verdicts.csv`: per-item values, a share's parts and `absent_below` (stated in
+    its row's test text) left out."""
+    unwritten = ("per_item", "parts", "absent_below")
+    return pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in unwritten} for r in rows])
+
+
 def family(rows: list[Verdict], seed: int = 0) -> pd.DataFrame:
     """Holm over the rows, each resampled p refined until its Monte-Carlo error cannot carry it
     across its Holm threshold, then every verdict read; per-item values go to `attrs["per_item"]`."""
@@ -232,8 +239,7 @@ def family(rows: list[Verdict], seed: int = 0) -> pd.DataFrame:
     for row, adjusted in zip(rows, inf.holm([r.p for r in rows])):
         row.p_holm = adjusted
         decide(row)
-    unwritten = ("per_item", "parts", "absent_below")  # the last is in its row's test text
-    table = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in unwritten} for r in rows])
+    table = verdict_table(rows)
     table.attrs["per_item"] = {r.claim: r.per_item for r in rows if r.per_item is not None}
     table.attrs["parts"] = {r.claim: r.parts for r in rows if r.parts is not None}
     return table
