@@ -98,6 +98,20 @@ def test_a_world_where_a_claim_is_false_reads_does_not_hold(change, row):
     assert found[row] == "does not hold", found
 
 
+def test_a_few_items_that_all_agree_do_not_prove_equivalence():
+    """Seven items on which Dense, KVComm and BCR-chunk all pass or all fail: a t-test of the 0/1 differences
+    sees zero variance and would read certainty; the null rows must stay undecided (an exact binomial says the
+    same: a true 4-point difference leaves all 7 items concordant with probability 0.96^7 = 0.75), and 140
+    such items are enough (0.96^140 = 0.3%)."""
+    items, calls = world()
+    for n, expected in [(7, "undecided"), (140, "holds")]:
+        keep = [f"HumanEval/{i}" for i in range(60, 60 + n)]
+        table = hc.humaneval_verdicts(items[items["item_id"].isin(keep)], calls[calls["item_id"].isin(keep)])
+        found = dict(zip(table["claim"], table["verdict"]))
+        assert found["reuse costs nothing on HumanEval"] == expected, (n, found)
+        assert found["no repair damages HumanEval"] == expected, (n, found)
+
+
 def test_every_row_prints_the_items_it_would_need_when_undecided():
     """At 20 items nothing is decided, and each undecided row says how many items 80% power would need."""
     items, calls = world(kvcomm=(60, 60, 0.40))

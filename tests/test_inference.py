@@ -129,3 +129,33 @@ def test_holm_step_down_written_out():
     assert inf.holm([0.01, 0.04, 0.03, 0.005, None]) == pytest.approx([0.03, 0.06, 0.06, 0.02, None])
     assert inf.holm([0.5, 0.9]) == [1.0, 1.0]
     assert inf.holm([]) == []
+
+
+def test_tangos_statistic_at_zero_is_mcnemars_and_falls_with_the_null_difference():
+    b, c, n = 12, 5, 50
+    assert inf.tango_statistic(b, c, n, 0.0) == pytest.approx((b - c) / math.sqrt(b + c), rel=1e-12)
+    values = [inf.tango_statistic(b, c, n, d) for d in np.linspace(-0.5, 0.5, 21)]
+    assert all(x > y for x, y in zip(values, values[1:]))
+
+
+def test_tangos_interval_is_where_its_test_does_not_reject_and_covers_at_its_level():
+    """Each end of the interval is the difference at which the two-sided test's p is exactly 1 - level; over
+    simulated paired samples of a known difference the 95% interval covers it about 95% of the time."""
+    lo, hi = inf.tango_interval(40, 20, 160, 0.95)
+    assert lo < 20 / 160 < hi
+    for end in (lo, hi):
+        assert 2 * stats.norm.sf(abs(inf.tango_statistic(40, 20, 160, end))) == pytest.approx(0.05, rel=1e-6)
+    rng = np.random.default_rng(0)
+    p10, p01, n = 0.12, 0.06, 140
+    counts = rng.multinomial(n, [p10, p01, 1 - p10 - p01], size=2000)
+    intervals = [inf.tango_interval(b, c, n) for b, c, _ in counts]
+    covered = np.mean([lo <= p10 - p01 <= hi for lo, hi in intervals])
+    assert 0.93 <= covered <= 0.97
+
+
+def test_tangos_tost_is_its_90_percent_interval_inside_the_margin():
+    for b, c, n in [(0, 0, 7), (0, 0, 140), (10, 10, 140), (3, 1, 140), (9, 2, 164)]:
+        lo, hi = inf.tango_interval(b, c, n, 0.90)
+        inside = -0.04 < lo and hi < 0.04
+        assert (inf.tango_tost(b, c, n, 0.04) < 0.05) == inside, (b, c, n)
+    assert inf.tango_tost(0, 0, 7, 0.04) > 0.2  # seven concordant items do not show a difference under 4 points

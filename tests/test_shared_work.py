@@ -149,3 +149,26 @@ def test_the_committed_cell_a_items_come_out_the_same_with_all_sharing_on(real, 
     for call in fresh:
         where = (call["condition"], call["item_id"], call["node"])
         assert record_differences({k: call[k] for k in keys}, {k: wanted[where][k] for k in keys}) == [], where
+
+
+def test_a_lane_that_joins_a_running_decode_after_its_first_token_never_knew_it_earlier(tiny):
+    """A second request for the same decode, made after the first token came out, shares the tokens; its
+    first token is known when it joins, never before its own call started (a negative time to first token)."""
+    import time
+
+    ids = random_ids(20, seed=5)
+    kv, other = tiny.prefill(ids[:-1]), tiny.prefill(random_ids(12, seed=6)[:-1])
+    got = {}
+
+    def leader():
+        got["leader"] = yield Decode(kv, ids[-1], 6)
+
+    def late():
+        yield Decode(other, 7, 1)  # finishes after the first batched step, when the leader has its first token
+        got["started"] = time.perf_counter()
+        got["late"] = yield Decode(kv, ids[-1], 6)
+
+    units = [Unit("a", leader), Unit("b", late)]
+    run_lanes(tiny, units, width=2, may_start=lambda u, r: True, finished=lambda u, v: None)
+    assert got["late"].tokens == got["leader"].tokens
+    assert got["leader"].first_token_at < got["started"] <= got["late"].first_token_at

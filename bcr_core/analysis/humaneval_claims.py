@@ -10,7 +10,7 @@ to Dense's (`agrees_code`), or the mean teacher-forced KL over the item's calls 
 
 | row | measure | test (item as the unit) |
 | --- | --- | --- |
-| reuse costs nothing on HumanEval | pass@1 | Dense vs KVComm, TOST within ±4 pts (t over items) |
+| reuse costs nothing on HumanEval | pass@1 | Dense vs KVComm, TOST within ±4 pts (Tango's score tests over items) |
 | no repair damages HumanEval | pass@1 | BCR-chunk vs Dense, TOST within ±4 pts |
 | reuse pays a tokenization tax | final code = Dense's | Dense vs token-matched Dense, sign-flip; absent below 3 pts |
 | the approximation costs fidelity | final code = Dense's | token-matched Dense vs KVComm, exact McNemar |
@@ -64,16 +64,17 @@ def with_code_agreement(items: pd.DataFrame, dense: str) -> pd.DataFrame:
 
 
 def tost_row(items, calls, claim, measure, a, b) -> Verdict:
-    """`a` level with `b` within ±HUMANEVAL_MARGIN: TOST by one-sided t-tests over items of the per-item
-    difference a - b, its 90% interval the verdict's, exact McNemar and the other measures beside it."""
+    """`a` level with `b` within ±HUMANEVAL_MARGIN on a pass/fail measure: TOST by Tango's score tests on
+    the paired items (a t-test would read "no discordant item" as zero variance, so certainty, at any n),
+    its 90% interval the verdict's, exact McNemar and the other measures beside it."""
     table = paired(items, measure, a, b).astype(float)
     d = table[a] - table[b]
     both, a_only, b_only, neither = inf.table_of(table[a] == 1, table[b] == 1)
-    test = f"{a} vs {b}: per-item difference within ±{100 * HUMANEVAL_MARGIN:g} pts, TOST by one-sided t-tests"
+    test = f"{a} vs {b}: per-item difference within ±{100 * HUMANEVAL_MARGIN:g} pts, TOST by Tango's score tests"
     row = Verdict(claim, PAPER, measure, test, "undecided", float(d.mean()), n=len(d), kind="equivalence")
     row.ci_lo, row.ci_hi = inf.paired_difference_ci(both, a_only, b_only, neither)
-    row.p, row.margin = inf.t_tost(d, HUMANEVAL_MARGIN), HUMANEVAL_MARGIN
-    row.tost_lo, row.tost_hi = inf.t_interval(d, 0.90)
+    row.p, row.margin = inf.tango_tost(a_only, b_only, len(d), HUMANEVAL_MARGIN), HUMANEVAL_MARGIN
+    row.tost_lo, row.tost_hi = inf.tango_interval(a_only, b_only, len(d), 0.90)
     row.items_needed = inf.tost_items_needed(d, HUMANEVAL_MARGIN)
     row.per_item = d
     row.evidence = (

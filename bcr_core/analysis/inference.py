@@ -6,6 +6,10 @@ control's seeds are averaged per item into one control. Each function states its
 - `paired_difference_ci`: Newcombe (1998, Stat. Med. 17:2635), method 10: the difference of two
   paired proportions from the Wilson intervals of each margin and the phi correlation of the 2x2
   (its positive part shrunk by n/2, as Newcombe and Altman et al.'s "Statistics with confidence" do).
+- `tango_statistic` / `tango_tost` / `tango_interval`: Tango's (1998, Stat. Med. 17:891) score test of
+  p_first - p_second = delta0 on paired binary outcomes (the restricted maximum-likelihood variance), its
+  two one-sided tests for equivalence and the interval that inverts it: a t-test on 0/1 differences
+  reads zero variance (no discordant item) as certainty, Tango's statistic does not.
 - `sign_flip`: the paired permutation test of a mean difference (each item's difference keeps or
   flips its sign under H0), `scipy.stats.permutation_test`; exact when 2^n is within the draws.
 - `bootstrap_ci`: percentile bootstrap over items of a statistic of per-item values.
@@ -48,6 +52,38 @@ def paired_difference_ci(both: int, first_only: int, second_only: int, neither: 
     lo = d - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
     hi = d + math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
     return max(lo, -1.0), min(hi, 1.0)
+
+
+def tango_statistic(first_only: int, second_only: int, n: int, delta0: float) -> float:
+    """Tango's score statistic for H0: p_first - p_second = delta0 over n pairs (standard normal under H0;
+    it falls as delta0 grows). At delta0 = 0 it is McNemar's (b - c) / sqrt(b + c)."""
+    b, c = first_only, second_only
+    a2 = 2 * n
+    b2 = -b - c + (2 * n - b + c) * delta0
+    c2 = -c * delta0 * (1 - delta0)
+    p21 = (math.sqrt(max(b2 * b2 - 4 * a2 * c2, 0.0)) - b2) / (2 * a2)  # the restricted MLE of P(second only)
+    variance = n * (2 * p21 + delta0 * (1 - delta0))
+    numerator = b - c - n * delta0
+    return numerator / math.sqrt(variance) if variance > 0 else 0.0
+
+
+def tango_tost(first_only: int, second_only: int, n: int, margin: float) -> float:
+    """TOST p of p_first - p_second within ±margin: the larger of Tango's one-sided p at -margin and +margin."""
+    low = stats.norm.sf(tango_statistic(first_only, second_only, n, -margin))  # H0: difference <= -margin
+    high = stats.norm.cdf(tango_statistic(first_only, second_only, n, margin))  # H0: difference >= +margin
+    return float(max(low, high))
+
+
+def tango_interval(first_only: int, second_only: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The interval of differences delta0 Tango's two-sided test at 1 - level does not reject."""
+    from scipy.optimize import brentq
+
+    z, tol = stats.norm.ppf(0.5 + level / 2), 1e-9
+    at = lambda delta0, target: tango_statistic(first_only, second_only, n, delta0) - target  # noqa: E731
+    estimate = (first_only - second_only) / n
+    lo = -1.0 if estimate == -1 else brentq(at, -1 + tol, 1 - tol, args=(z,), xtol=tol)
+    hi = 1.0 if estimate == 1 else brentq(at, -1 + tol, 1 - tol, args=(-z,), xtol=tol)
+    return lo, hi
 
 
 def table_of(first, second) -> tuple[int, int, int, int]:

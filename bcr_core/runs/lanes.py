@@ -55,7 +55,8 @@ class SharedDecodes:
     def __init__(self, keep: int = 8):
         self.keep = keep
         self.answered: OrderedDict[tuple, tuple[weakref.ref, object, Generation]] = OrderedDict()
-        self.running: dict[tuple, tuple[weakref.ref, object, list]] = {}  # key -> (cache, rule, waiting lanes)
+        # key -> (cache, rule, [(waiting lane, when it joined)])
+        self.running: dict[tuple, tuple[weakref.ref, object, list]] = {}
         self.decoded = self.shared = 0
 
     @staticmethod
@@ -81,7 +82,7 @@ class SharedDecodes:
         key = self.key(request)
         found = self.running.get(key)
         if found is not None and self.matches(found, request):
-            found[2].append(lane)
+            found[2].append((lane, time.perf_counter()))
             self.shared += 1
             return True
         self.running[key] = (weakref.ref(request.kv), request.stop_rule, [])
@@ -89,7 +90,8 @@ class SharedDecodes:
         return False
 
     def finish(self, request: Decode, generation: Generation) -> list:
-        """Keep `generation` as the answer to `request`; return the lanes that waited for it."""
+        """Keep `generation` as the answer to `request`; return the lanes that waited for it, each with
+        when it joined."""
         key = self.key(request)
         cache, rule, waiting = self.running.pop(key)
         self.answered[key] = (cache, rule, generation)
@@ -146,9 +148,9 @@ class Lanes:
             request = self.waiting.pop(lane)
             followers = self.shared.finish(request, generation) if self.share_decodes else []
             self.advance(lane, generation)
-            for follower in followers:
+            for follower, joined in followers:  # a follower that joined after the first token knows it on joining
                 self.waiting.pop(follower)
-                self.advance(follower, handed_over(generation, generation.first_token_at))
+                self.advance(follower, handed_over(generation, joined))
 
 
 def run_lanes(
