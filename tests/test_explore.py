@@ -109,6 +109,30 @@ def test_the_committed_inspection_is_small_and_matches_notebook_09(tmp_path):
         assert v.answer_with(None, rows, p["max_new_tokens"]) is not None
 
 
+HUMANEVAL = dict(model="qwen2.5-coder-0.5b", benchmark="humaneval", dtype="bfloat16", n=3, max_new_tokens=64)
+
+
+def test_the_committed_humaneval_inspection_is_chosen_by_its_parameters_and_marks_the_seams(tmp_path, capsys):
+    """The Qwen coder's HumanEval calls, committed beside the default: `-p` with its settings opens it without
+    the model; on every call the explorer marks the seams where the reuse path's ids part from Dense's, and
+    they are the two the tokenizer makes of the task: after "Task" and after the docstring, the reuse path has
+    two tokens (a colon or the closing quotes with one newline, then a blank line) where the chat template's
+    ids have one."""
+    from bcr_core.lab.explorer import seam_rows
+
+    args = [a for k, v in HUMANEVAL.items() for a in ("-p", f"{k}={v}")]
+    assert main(["explore", "--check", "--port", str(app.free_port()), *args]) == 0
+    assert capsys.readouterr().out.startswith(f"ok: reads {app.SAVED}/humaneval-")
+    prepared = app.explorer_notebook(HUMANEVAL, tmp_path)
+    assert prepared.saved.stat().st_size < 4_000_000
+    inspection = saved.load(prepared.saved, prepared.parameters)
+    assert {v.node for v in inspection.views} == {"agent_1", "agent_2", "agent_3", "final"}
+    for v in inspection.views:
+        seams = [v.tokens[start:stop] for start, stop in seam_rows(v)]
+        assert seams == [[":Ċ", "ĊĊ"], ['Ġ"""Ċ', "ĊĊ"]], (v.node, seams)
+        assert len(v.record.merged_ids) > len(v.record.dense_ids)  # the reuse path's split is the longer
+
+
 def test_explore_check_says_what_it_reads(capsys):
     assert main(["explore", "--check", "--port", str(app.free_port())]) == 0
     assert capsys.readouterr().out.startswith(f"ok: reads {app.SAVED}")
