@@ -28,6 +28,7 @@ from __future__ import annotations
 import pandas as pd
 
 from bcr_core.analysis import inference as inf
+from bcr_core.analysis import tax
 from bcr_core.analysis.claims import coin_claim, coin_seeds
 from bcr_core.analysis.protocol import (
     LINE_MARGIN,
@@ -156,6 +157,8 @@ def humaneval_verdicts(
         test = "BCR-chunk vs KVComm: per-item KL(KVComm) - KL(BCR-chunk), sign-flip over items"
         row = mean_claim("BCR-chunk beats KVComm", "§4.3, Table 5a", "kl_mean", test, table[kvcomm] - table[bcr])
         row.evidence, row.rows = beside(items, bcr, kvcomm), rows_text(calls, bcr, kvcomm, table.index)
+        if have(matched):  # the share of the approximation's KL (KVComm's over token-matched Dense's) it recovers
+            row.evidence += "; " + tax.recovered_text(items, matched, kvcomm, bcr, "kl_mean")
         rows.append(row)
     coins = coin_seeds(bcr, conditions, "bcr-chunk") or coin_seeds(bcr, conditions) if bcr in conditions else []
     if coins:

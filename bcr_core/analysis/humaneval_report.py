@@ -61,7 +61,7 @@ def conditions_table(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     by_condition = calls.groupby("condition", sort=False)
     if "ids_match" in calls:
         table["ids_as_dense"] = by_condition["ids_match"].mean()
-    if "reason" in calls:
+    if {"reason", "ttft_s"} <= set(calls):
         table["reuse_ttft_s"] = calls[calls["reason"] == "reuse"].groupby("condition")["ttft_s"].median()
     return table.reset_index()
 

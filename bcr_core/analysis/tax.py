@@ -124,8 +124,10 @@ def untouched_at(items, matched, repaired, measure) -> Verdict:
 
 
 def recovered_text(items, matched, kvcomm, repaired, measure="correct") -> str:
-    """The share of the approximation term `repaired` recovers, with its bootstrap interval (description)."""
+    """The share of the approximation term `repaired` recovers, with its bootstrap interval (description).
+    KL is read as a cost (lower is better), so a repair that lowers it recovers a positive amount."""
     y = paired(items, measure, matched, kvcomm, repaired).astype(float)
+    y = -y if measure == "kl_mean" else y
     recovered, term = y[repaired] - y[kvcomm], y[matched] - y[kvcomm]
     share, lo, hi = share_ci(recovered.to_numpy(), term.to_numpy())
     return (
