@@ -415,6 +415,37 @@ def test_a_claim_transfers_only_with_equivalent_effects_and_not_where_they_diffe
         claims_report.model_of(tmp_path)
 
 
+def test_with_three_models_each_later_model_is_read_against_the_first_in_one_holm_family():
+    """Three models on the same items: claim a has the same per-item effect on all three, claim d the same on
+    the first two and 9 points more on the third. Each later model gets its own reading against the first,
+    Holm runs over every comparison of the table (so a p-value is never smaller than with the pair alone),
+    and the markdown has one column per comparison."""
+    rng = np.random.default_rng(2)
+    ids = [str(i) for i in range(200)]
+
+    def sample(mean, sd=0.05):
+        return pd.Series(rng.normal(mean, sd, 200), index=ids)
+
+    def model(d):
+        rows = [("a", "holds", 0.02, 200), ("d", "holds", d, 200)]
+        return verdict_table(rows, {"a": sample(0.02), "d": sample(d)})
+
+    tables = {"S": model(0.01), "G": model(0.01), "Q": model(0.10)}
+    out = claims_report.transfer(tables).set_index("claim")
+    assert out["G vs S: transfers"].to_dict() == {"a": "yes", "d": "yes"}
+    assert out["Q vs S: transfers"].to_dict() == {"a": "yes", "d": "no"}
+    assert "transfers" not in out  # no unnamed comparison when there are several
+    pair = claims_report.transfer({"S": tables["S"], "Q": tables["Q"]}).set_index("claim")
+    assert out.loc["d", "Q vs S: diff"] == pytest.approx(pair.loc["d", "diff"])
+    assert (out["Q vs S: tost_p_holm"] >= pair["tost_p_holm"] - 1e-12).all()  # four tests in the family, not two
+    text = claims_report.transfer_markdown(out.reset_index(), list(tables))
+    assert text.splitlines()[0] == (
+        "| claim | S | G | Q | G vs S: transfers (difference [95% CI], equivalent within) "
+        "| Q vs S: transfers (difference [95% CI], equivalent within) |"
+    )
+    assert "| no (-8.4 pts [-9.4, -7.4], n = 200, ±3 pts) |" in text
+
+
 def test_the_committed_gemma_grid_gives_the_documented_transfer_table():
     """`claims_report.GEMMA` holds Gemma 3 270M's runs of the same grid; its verdicts are its own Holm
     family, recomputed from its records, and docs/results.md's transfer table (one paired test per claim of

@@ -216,11 +216,17 @@ def model_effect(row, model: str) -> str:
 
 def transfer_markdown(table: pd.DataFrame, models: list[str]) -> str:
     """The transfer table: a row per claim, each model's verdict and effect, and either the paired tests
-    across models (difference and equivalence, Holm) or, where none is run, whether the verdicts are the same."""
-    tested = "transfers" in table
-    tail = "difference, per item [95% CI] | p Holm | equivalent within | TOST p Holm | transfers"
-    tail = tail if tested else "same verdict"
-    header = [f"| claim | {' | '.join(models)} | {tail} |", "| --- |" + " --- |" * (len(models) + tail.count("|") + 1)]
+    across models (difference and equivalence, Holm) or, where none is run, whether the verdicts are the same.
+    With more than two models each later model is read against the first, one column each: whether the claim
+    transfers, and the difference with its interval."""
+    tested = any(column.endswith("transfers") for column in table)
+    if not tested:
+        tail = ["same verdict"]
+    elif len(models) == 2:
+        tail = ["difference, per item [95% CI]", "p Holm", "equivalent within", "TOST p Holm", "transfers"]
+    else:
+        tail = [f"{other} vs {models[0]}: transfers (difference [95% CI], equivalent within)" for other in models[1:]]
+    header = [f"| claim | {' | '.join(models + tail)} |", "| --- |" + " --- |" * (len(models) + len(tail))]
     lines = []
     for _, row in table.iterrows():
         cells = []
@@ -228,28 +234,36 @@ def transfer_markdown(table: pd.DataFrame, models: list[str]) -> str:
             n = "" if pd.isna(row[f"{m}: n"]) else f", n = {int(row[f'{m}: n'])}"
             effect = model_effect(row, m)
             cells.append(f"**{row[f'{m}: verdict']}**" + (f" ({effect}{n})" if effect else ""))
-        if tested:
+        if not tested:
+            cells.append(row["same verdict"])
+        elif len(models) == 2:
             cells += transfer_cells(row, models[0])
         else:
-            cells.append(row["same verdict"])
+            for other in models[1:]:
+                prefix = transfer_test.comparison_prefix(models, other)
+                diff, _, margin, _, reading = transfer_cells(row, models[0], prefix)
+                said = ", ".join(part for part in (diff, margin) if part)
+                cells.append(reading + (f" ({said})" if said else ""))
         lines.append(f"| {row['claim']} | " + " | ".join(cells) + " |")
     return "\n".join(header + lines)
 
 
-def transfer_cells(row, model: str) -> list[str]:
-    """The difference with its interval and Holm p, the margin, the TOST's Holm p and the reading."""
+def transfer_cells(row, model: str, prefix: str = "") -> list[str]:
+    """The difference with its interval and Holm p, the margin, the TOST's Holm p and the reading (of the
+    comparison whose columns carry `prefix`)."""
     diff = ""
     scale, digits = (1, 4) if row[f"{model}: measure"] == "kl_mean" else (100, 1)
     unit = " pts" if scale == 100 else ""
-    if "diff" in row and not pd.isna(row["diff"]):
+    get = lambda name: row.get(prefix + name)  # noqa: E731
+    if get("diff") is not None and not pd.isna(get("diff")):
         diff = (
-            f"{scale * row['diff']:+.{digits}f}{unit} [{scale * row['diff_lo']:+.{digits}f}, "
-            f"{scale * row['diff_hi']:+.{digits}f}], n = {int(row['diff_n'])}"
+            f"{scale * get('diff'):+.{digits}f}{unit} [{scale * get('diff_lo'):+.{digits}f}, "
+            f"{scale * get('diff_hi'):+.{digits}f}], n = {int(get('diff_n'))}"
         )
     margin = "" if pd.isna(row.get("margin")) else f"±{scale * row['margin']:g}{unit}"
-    holm = "" if pd.isna(row["diff_p_holm"]) else monte_carlo.p_text(row["diff_p_holm"])
-    tost = "" if pd.isna(row["tost_p_holm"]) else monte_carlo.p_text(row["tost_p_holm"])
-    return [diff, holm, margin, tost, row["transfers"]]
+    holm = "" if pd.isna(get("diff_p_holm")) else monte_carlo.p_text(get("diff_p_holm"))
+    tost = "" if pd.isna(get("tost_p_holm")) else monte_carlo.p_text(get("tost_p_holm"))
+    return [diff, holm, margin, tost, get("transfers")]
 
 
 def incomplete_text(table: pd.DataFrame) -> str:

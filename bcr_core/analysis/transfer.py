@@ -107,9 +107,11 @@ def held(p) -> bool:
 
 
 def transfer(tables: dict[str, pd.DataFrame], test_difference: bool = True) -> pd.DataFrame:
-    """Per claim, each model's verdict, effect and n, the difference test of the first two models'
-    per-item values (tables from `claims.verdicts`, whose `attrs["per_item"]` hold them; none where
-    `test_difference` is off), its Holm p over the table, and whether the claim transfers."""
+    """Per claim, each model's verdict, effect and n, and for each later model the difference test of its
+    per-item values against the first model's (tables from `claims.verdicts`, whose `attrs["per_item"]` hold
+    them; none where `test_difference` is off), Holm over every comparison of the table, and whether the
+    claim transfers. With two models the comparison's columns are `diff`, ..., `transfers`; with more, each
+    is named `"<model> vs <first>: diff"`, ... (`comparison_prefix`)."""
     models = list(tables)
     claims_in_order = list(dict.fromkeys(c for table in tables.values() for c in table["claim"]))
     rows = []
@@ -124,29 +126,50 @@ def transfer(tables: dict[str, pd.DataFrame], test_difference: bool = True) -> p
         kinds = {getattr(mine, "kind", None) for mine in mine_rows(tables, claim)}
         row["exact"] = "exact" in kinds  # a deterministic check: the same result or not, no test
         row["margin"] = TRANSFER_MARGIN.get(measures.pop()) if len(measures) == 1 and not row["exact"] else None
-        values = [tables[m].attrs.get("per_item", {}).get(claim) for m in models[:2]]
-        parts = [tables[m].attrs.get("parts", {}).get(claim) for m in models[:2]]
-        if not test_difference or len(models) < 2:
-            pass
-        elif all(v is not None for v in parts):
-            row |= share_difference(*parts, margin=row["margin"])
-        elif all(v is not None for v in values):
-            row |= difference(*values, margin=row["margin"])
+        if test_difference:
+            for other in models[1:]:
+                tested = compared(tables, claim, models[0], other, row["margin"])
+                row |= {comparison_prefix(models, other) + k: v for k, v in tested.items()}
         rows.append(row)
     out = pd.DataFrame(rows)
-    labels = [[r[f"{m}: verdict"] for m in models] for _, r in out.iterrows()]
     if not test_difference:
-        out["same verdict"] = [same_verdict(v) for v in labels]
+        out["same verdict"] = [same_verdict([r[f"{m}: verdict"] for m in models]) for _, r in out.iterrows()]
         return out
-    for column in ("diff_p", "tost_p"):
-        if column not in out:
-            out[column] = None
-        out[f"{column}_holm"] = inf.holm([None if pd.isna(p) else p for p in out[column]])
-    out["transfers"] = [
-        same_verdict(v) if r["exact"] else reading(v, held(r["diff_p_holm"]), held(r["tost_p_holm"]))
-        for v, (_, r) in zip(labels, out.iterrows())
-    ]
+    prefixes = [comparison_prefix(models, other) for other in models[1:]]
+    for column in ("diff_p", "tost_p"):  # one Holm family per test over every comparison of the table
+        names = [prefix + column for prefix in prefixes]
+        for name in names:
+            if name not in out:
+                out[name] = None
+        pooled = [None if pd.isna(p) else p for name in names for p in out[name]]
+        adjusted = inf.holm(pooled)
+        for i, name in enumerate(names):
+            out[name + "_holm"] = adjusted[i * len(out) : (i + 1) * len(out)]
+    for other, prefix in zip(models[1:], prefixes):
+        out[prefix + "transfers"] = [
+            same_verdict(labels)
+            if r["exact"]
+            else reading(labels, held(r[prefix + "diff_p_holm"]), held(r[prefix + "tost_p_holm"]))
+            for _, r in out.iterrows()
+            for labels in [[r[f"{models[0]}: verdict"], r[f"{other}: verdict"]]]
+        ]
     return out
+
+
+def comparison_prefix(models: list[str], other: str) -> str:
+    """The prefix of a comparison's columns: none with two models, else `"<other> vs <first>: "`."""
+    return "" if len(models) == 2 else f"{other} vs {models[0]}: "
+
+
+def compared(tables: dict[str, pd.DataFrame], claim: str, first: str, other: str, margin) -> dict:
+    """The paired difference of one claim's per-item values on `first` and `other` (a share's by bootstrap)."""
+    parts = [tables[m].attrs.get("parts", {}).get(claim) for m in (first, other)]
+    values = [tables[m].attrs.get("per_item", {}).get(claim) for m in (first, other)]
+    if all(v is not None for v in parts):
+        return share_difference(*parts, margin=margin)
+    if all(v is not None for v in values):
+        return difference(*values, margin=margin)
+    return {}
 
 
 def mine_rows(tables: dict[str, pd.DataFrame], claim: str) -> list:
