@@ -84,13 +84,21 @@ def test_choose_takes_the_most_accurate_candidate_near_chance_without_records():
     assert calibration.NO_RECORD_MAX < 1 / 8 + 0.05 and calibration.GOAL == 0.5
 
 
-def test_the_committed_calibration_table_is_its_records():
-    records = [json.loads(line) for line in (COMMITTED / "records.jsonl").read_text().splitlines()]
+@pytest.mark.parametrize(
+    "folder, chosen",
+    [(COMMITTED, ("one-shot", "line")), (RESULTS / "prompt-calibration-qwen2.5-coder-0.5b", ("standard", "eos"))],
+)
+def test_the_committed_calibration_table_is_its_records(folder, chosen):
+    """Each model's committed table counts its records, on items its grid never reads, and the rule chose the
+    prompt and stop rule its grid file runs under."""
+    records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     import pandas as pd
 
-    assert_table_is(pd.read_csv(COMMITTED / "table.csv"), by_hand(records))
+    table = pd.read_csv(folder / "table.csv")
+    assert_table_is(table, by_hand(records))
     assert {r["item_seed"] for r in records} == {1}  # never the grid's items (seed 0)
     assert all(v["items"] <= 50 for v in by_hand(records).values())
+    assert tuple(choose(table)[["prompt", "stop"]]) == chosen
 
 
 def test_the_budget_rule_takes_the_cheapest_candidate_within_one_task_of_the_longest(tmp_path):
