@@ -133,3 +133,32 @@ def test_the_budget_rule_takes_the_cheapest_candidate_within_one_task_of_the_lon
     assert table.loc["eos-512", "tokens_per_item"] == 4 * 512 and table.loc["eos-512", "calls_at_cap"] == 1.0
     assert table.loc["code-512", "calls_at_cap"] == 0.0 and table.loc["code-256", "passed"] == 2
     assert choose_budget(table.reset_index(), "eos-512")["candidate"] == "code-512"
+
+
+def test_the_qwen_coders_dtype_check_is_its_records():
+    """The bfloat16 deviation's check (results/qwen2.5-coder-0.5b-calibration/README.md): on HumanEval/140-147 the
+    float32 and bfloat16 Dense runs pass the same tasks (1 of 8), with identical final code on 5 and 20 of 32
+    calls identical token for token, counted here from the two committed folders."""
+    import gzip
+
+    root = RESULTS / "qwen2.5-coder-0.5b-calibration"
+
+    def records(cell, name):
+        return [json.loads(line) for line in gzip.open(root / cell / f"{name}.jsonl.gz", "rt")]
+
+    wide = {r["item_id"]: r for r in records("code-384-float32", "items")}
+    narrow = {r["item_id"]: r for r in records("code-384", "items") if r["item_id"] in wide}
+    assert sorted(wide) == [f"HumanEval/{i}" for i in range(140, 148)]
+    assert [narrow[k]["correct"] for k in sorted(wide)] == [wide[k]["correct"] for k in sorted(wide)]
+    assert sum(w["correct"] for w in wide.values()) == 1
+    assert sum(narrow[k]["answer"] == wide[k]["answer"] for k in wide) == 5
+    own = {(c["item_id"], c["node"]): c["output_tokens"] for c in records("code-384", "calls")}
+    calls = records("code-384-float32", "calls")
+    assert (len(calls), sum(own[(c["item_id"], c["node"])] == c["output_tokens"] for c in calls)) == (32, 20)
+    from bcr_core.runs.cell import Cell
+
+    cells = {
+        name: Cell.from_record(json.loads((root / name / "cell.json").read_text()))
+        for name in ("code-384", "code-384-float32")
+    }
+    assert (cells["code-384"].dtype, cells["code-384-float32"].dtype) == ("bfloat16", "float32")
