@@ -144,7 +144,7 @@ def test_bcr_report_humaneval_writes_the_family_and_the_seams_of_a_run_folder(tm
     printed = capsys.readouterr().out
     written = pd.read_csv(tmp_path / "verdicts.csv")
     assert list(written["claim"]) == list(hc.PLAN) and set(written["verdict"]) == {"holds"}
-    assert "| reuse costs nothing on HumanEval | accuracy |" in printed
+    assert "| reuse costs nothing on HumanEval | pass@1 |" in printed
     counted = pd.read_csv(tmp_path / "seams.csv")
     assert counted["calls"].sum() == N and counted["share_of_calls"].max() == 1.0  # every call of token-matched Dense
     assert "token-matched-dense's 164 calls; ids identical to Dense's on 0" in printed

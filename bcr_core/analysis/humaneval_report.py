@@ -20,6 +20,7 @@ from bcr_core.paths import write_text_whole
 from bcr_core.run_folder import RunFolder
 
 SEAMS = "seams.csv"
+NAMES = MEASURES | {"correct": "pass@1"}  # a HumanEval item is correct when its code passes the unit tests
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -28,7 +29,7 @@ def markdown(table: pd.DataFrame) -> str:
     for i, row in enumerate(table.itertuples(), start=1):
         p, p_holm = p_texts(row)
         lines.append(
-            f"| {row.claim} | {MEASURES.get(row.measure, row.measure)} | {effect_text(row)} | {p} | {p_holm} "
+            f"| {row.claim} | {NAMES.get(row.measure, row.measure)} | {effect_text(row)} | {p} | {p_holm} "
             f"| **{row.verdict}** |"
         )
         said = f" Beside it: {row.evidence}." if isinstance(row.evidence, str) and row.evidence else ""
