@@ -157,3 +157,23 @@ def test_bcr_against_kvcomm_says_the_share_of_the_approximation_it_recovers():
     it recovers 0.25 / 0.35 = 71% of the approximation term, a positive share since lower KL is better."""
     table = hc.humaneval_verdicts(*world()).set_index("claim")
     assert "recovers 0.2500 of the 0.3500 approximation term: 71% [" in table.loc["BCR-chunk beats KVComm", "evidence"]
+
+
+@pytest.mark.parametrize(
+    "synthetic, change, said",
+    [
+        ("holds", {}, "workload-specific: a cost on the synthetic task, none on HumanEval"),
+        ("holds", dict(kvcomm=(36, 60, 0.40)), "not workload-specific: a cost on both benchmarks"),
+        ("does not hold", {}, "no cost on either benchmark"),
+        ("undecided", {}, "undecided"),
+    ],
+    ids=["paper", "cost-on-both", "no-cost", "synthetic-undecided"],
+)
+def test_the_workload_line_reads_the_two_families_verdicts(synthetic, change, said):
+    """The synthetic family's reuse-cost verdict (a table as `claims.verdicts` gives it) and the HumanEval
+    family's null, read from a world where the paper is right and from worlds where it is not."""
+    from bcr_core.analysis import workload
+
+    table = pd.DataFrame({"claim": ["reuse costs accuracy"], "verdict": [synthetic]})
+    line = workload.workload_line(table, hc.humaneval_verdicts(*world(**change)))
+    assert line.startswith(f"Is the cost of reuse workload-specific? {said}"), line

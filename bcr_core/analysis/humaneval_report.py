@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.analysis import seams
-from bcr_core.analysis.claims_report import effect_text, p_texts, power_text
+from bcr_core.analysis import claims_report, seams, workload
 from bcr_core.analysis.humaneval_claims import HUMANEVAL_MARGIN, PLAN, humaneval_verdicts, with_code_agreement
 from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES
 from bcr_core.paths import write_text_whole
@@ -27,13 +26,13 @@ def markdown(table: pd.DataFrame) -> str:
     header = ["| claim | measure | effect [95% CI] | p | p Holm | verdict |", "| --- | --- | --- | --- | --- | --- |"]
     lines, notes = [], []
     for i, row in enumerate(table.itertuples(), start=1):
-        p, p_holm = p_texts(row)
+        p, p_holm = claims_report.p_texts(row)
         lines.append(
-            f"| {row.claim} | {NAMES.get(row.measure, row.measure)} | {effect_text(row)} | {p} | {p_holm} "
-            f"| **{row.verdict}** |"
+            f"| {row.claim} | {NAMES.get(row.measure, row.measure)} | {claims_report.effect_text(row)} "
+            f"| {p} | {p_holm} | **{row.verdict}** |"
         )
         said = f" Beside it: {row.evidence}." if isinstance(row.evidence, str) and row.evidence else ""
-        notes.append(f"{i}. {row.claim}: {row.test}{power_text(row)}.{said}")
+        notes.append(f"{i}. {row.claim}: {row.test}{claims_report.power_text(row)}.{said}")
     plan = (
         f"One family (Holm over {len(table)} rows), each row read on the measure fixed before the run "
         f"({len(PLAN)} rows planned): pass@1 for the paper's two HumanEval claims, TOST within "
@@ -87,7 +86,11 @@ def seam_table(run: RunFolder) -> pd.DataFrame | None:
 
 
 def main(folders: list[str]) -> None:
-    for folder in map(Path, folders):
+    """Each HumanEval run folder's family, every condition and its seams; with a synthetic claims folder of the
+    same model beside it, also whether the cost of reuse is workload-specific on that model (`workload`)."""
+    humaneval = [Path(f) for f in folders if (Path(f) / "cell.json").is_file()]
+    synthetic = {claims_report.model_of(f): f for f in map(Path, folders) if Path(f) not in humaneval}
+    for folder in humaneval:
         run = RunFolder(folder)
         items, calls = pd.DataFrame(run.items()), pd.DataFrame(run.calls())
         table = humaneval_verdicts(items, calls)
@@ -100,3 +103,6 @@ def main(folders: list[str]) -> None:
             print(f"Seams ({found.attrs['said']}):\n\n{found.to_string(index=False)}\n")
         elif (folder / SEAMS).is_file():
             print(f"Seams (committed):\n\n{pd.read_csv(folder / SEAMS).to_string(index=False)}\n")
+        same_model = synthetic.get(claims_report.model_of(folder))
+        if same_model is not None:
+            print(workload.workload_line(claims_report.compute(same_model)["verdicts"], table) + "\n")
