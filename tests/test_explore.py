@@ -167,7 +167,7 @@ def test_explore_keeps_an_explicit_parameter_over_the_smoke_settings(capsys):
 
 
 def test_explore_refuses_a_truncated_saved_inspection(tmp_path, capsys):
-    saved = next(app.SAVED.glob("*.pt"))
+    saved = app.explorer_notebook({}, tmp_path).saved  # the inspection the defaults read
     (tmp_path / saved.name).write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
     assert main(["explore", "--check", "--port", str(app.free_port()), "--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err

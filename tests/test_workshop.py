@@ -118,7 +118,7 @@ def exercise():
 
     from bcr_core.lab import saved_inspection
 
-    saved = saved_inspection.load(next((RESULTS / "explorer").glob("*.pt")))
+    saved = saved_inspection.load(next((RESULTS / "explorer").glob("gsm8k-*.pt")))  # the default, the workshop's
     view = saved.view(4, "agent_3")
     rows, chunk, prefix = view.rows, 16, view.segments[0]["stop"]
     attention = view.attention.double()
