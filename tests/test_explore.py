@@ -207,7 +207,16 @@ def explorer(port: int, folder: Path, name: str) -> tuple[subprocess.Popen, Path
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "bcr_core", "explore", "--port", str(port)]
     with open(out, "w") as o, open(err, "w") as e:
-        return subprocess.Popen(command, stdout=o, stderr=e, env=env, start_new_session=True), out, err
+        started = subprocess.Popen(
+            command, stdout=o, stderr=e, env=env, start_new_session=True, preexec_fn=interruptible
+        )
+        return started, out, err
+
+
+def interruptible() -> None:
+    """Ctrl-C reaches the child as it reaches a user's: a suite started in the background of a shell runs
+    with SIGINT ignored, which its children inherit, and Python installs no KeyboardInterrupt handler then."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(process: subprocess.Popen) -> None:
