@@ -136,7 +136,7 @@ def test_bcr_report_humaneval_writes_the_family_and_the_seams_of_a_run_folder(tm
     calls = calls.assign(node="agent_1", reason="dense", dense_ids=[seam] * len(calls), merged_ids=[apart] * len(calls))
     calls = calls.assign(repaired_rows=[[]] * len(calls), segment_map=[[]] * len(calls))
     (tmp_path / "cell.json").write_text(
-        json.dumps({"model": "default", "benchmark": "humaneval", "conditions": CONDITIONS})
+        json.dumps({"model": "default", "benchmark": "humaneval", "conditions": CONDITIONS, "n": N})
     )
     (tmp_path / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items.to_dict("records")))
     (tmp_path / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in calls.to_dict("records")))
@@ -150,6 +150,12 @@ def test_bcr_report_humaneval_writes_the_family_and_the_seams_of_a_run_folder(tm
     assert "token-matched-dense's 164 calls; ids identical to Dense's on 0" in printed
     assert "Every condition (description)" in printed and "pass_at_1" in printed
     assert counted["kind"].tolist() == ["'Maria'"] and counted["reuse_path_split"].tolist() == ["Ma | ria"]
+    assert "Partial" not in printed
+    # a run still going: KVComm has served 100 of the 164 planned items
+    unserved = (items["condition"] == "kvcomm@1") & (items["item_id"].str.split("/").str[1].astype(int) >= 100)
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items[~unserved].to_dict("records")))
+    assert main(["report", "humaneval", str(tmp_path)]) == 0
+    assert "**Partial**: 100 to 164 of the 164 planned items (" in capsys.readouterr().out
 
 
 def test_bcr_against_kvcomm_says_the_share_of_the_approximation_it_recovers():

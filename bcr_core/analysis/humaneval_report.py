@@ -85,6 +85,19 @@ def seam_table(run: RunFolder) -> pd.DataFrame | None:
     return table
 
 
+def partial_text(items: pd.DataFrame, settings: dict) -> str:
+    """A line saying the folder holds fewer items than its cell planned, where it does: each row is then read
+    on the items both its conditions hold, which is not the planned read."""
+    done, planned = items.groupby("condition")["item_id"].nunique(), settings.get("n")
+    if planned is None or done.min() >= planned:
+        return ""
+    counts = ", ".join(f"{c} {k}" for c, k in done.items())
+    return (
+        f"**Partial**: {done.min()} to {done.max()} of the {planned} planned items ({counts}); each row is "
+        "read on the items both its conditions hold, not the planned read.\n\n"
+    )
+
+
 def main(folders: list[str]) -> None:
     """Each HumanEval run folder's family, every condition and its seams; with a synthetic claims folder of the
     same model beside it, also whether the cost of reuse is workload-specific on that model (`workload`)."""
@@ -95,7 +108,7 @@ def main(folders: list[str]) -> None:
         items, calls = pd.DataFrame(run.items()), pd.DataFrame(run.calls())
         table = humaneval_verdicts(items, calls)
         write_text_whole(folder / "verdicts.csv", table.to_csv(index=False))
-        print(f"## {folder} ({run.model})\n\n{markdown(table)}\n")
+        print(f"## {folder} ({run.model})\n\n{partial_text(items, run.settings)}{markdown(table)}\n")
         print(f"Every condition (description):\n\n{conditions_table(items, calls).round(4).to_string(index=False)}\n")
         found = seam_table(run)
         if found is not None:

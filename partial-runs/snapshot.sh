@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Save a long grid's raw run folders into partial-runs/ (records gzipped), or restore them under runs/ to resume it.
+#   partial-runs/snapshot.sh save RUN      runs/RUN/<cell>/ -> partial-runs/RUN/<cell>/
+#   partial-runs/snapshot.sh restore RUN   partial-runs/RUN/<cell>/ -> runs/RUN/<cell>/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+action=${1:?save or restore}
+run=${2:?the name of the run folder under runs/}
+case $action in
+  save) from=runs/$run to=partial-runs/$run ;;
+  restore) from=partial-runs/$run to=runs/$run ;;
+  *) echo "snapshot.sh: save or restore, got '$action'" >&2; exit 2 ;;
+esac
+for cell in "$from"/*/; do
+  cell=$(basename "$cell")
+  [ -f "$from/$cell/cell.json" ] || continue
+  mkdir -p "$to/$cell"
+  cp "$from/$cell/cell.json" "$to/$cell/"
+  for records in items calls; do
+    if [ "$action" = save ]; then
+      [ -f "$from/$cell/$records.jsonl" ] && gzip -9 -c "$from/$cell/$records.jsonl" > "$to/$cell/$records.jsonl.gz"
+    else
+      [ -f "$from/$cell/$records.jsonl.gz" ] && gunzip -c "$from/$cell/$records.jsonl.gz" > "$to/$cell/$records.jsonl"
+    fi
+  done
+done
+echo "$action: $from -> $to"
