@@ -111,14 +111,15 @@ def chunks_of(rows: list[int]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def exercise():
+def exercise(tmp_path_factory):
     """Item 4's calls from the committed saved inspection, with Algorithm 2's score worked out here
     (layers 1 and up, heads and draft steps averaged) and the rows of Algorithm 1's chunks at rho 0.2."""
     from types import SimpleNamespace
 
-    from bcr_core.lab import saved_inspection
+    from bcr_core.lab import app, saved_inspection
 
-    saved = saved_inspection.load(next((RESULTS / "explorer").glob("gsm8k-*.pt")))  # the default, the workshop's
+    default = app.explorer_notebook({}, tmp_path_factory.mktemp("explorer")).saved  # what `bcr explore` opens
+    saved = saved_inspection.load(default)
     view = saved.view(4, "agent_3")
     rows, chunk, prefix = view.rows, 16, view.segments[0]["stop"]
     attention = view.attention.double()

@@ -116,6 +116,6 @@ def main(folders: list[str]) -> None:
             print(f"Seams ({found.attrs['said']}):\n\n{found.to_string(index=False)}\n")
         elif (folder / SEAMS).is_file():
             print(f"Seams (committed):\n\n{pd.read_csv(folder / SEAMS).to_string(index=False)}\n")
-        same_model = synthetic.get(claims_report.model_of(folder))
+        same_model = synthetic.get(claims_report.model_of(folder)) if synthetic else None
         if same_model is not None:
             print(workload.workload_line(claims_report.compute(same_model)["verdicts"], table) + "\n")

@@ -146,14 +146,17 @@ def transfer(tables: dict[str, pd.DataFrame], test_difference: bool = True) -> p
         for i, name in enumerate(names):
             out[name + "_holm"] = adjusted[i * len(out) : (i + 1) * len(out)]
     for other, prefix in zip(models[1:], prefixes):
-        out[prefix + "transfers"] = [
-            same_verdict(labels)
-            if r["exact"]
-            else reading(labels, held(r[prefix + "diff_p_holm"]), held(r[prefix + "tost_p_holm"]))
-            for _, r in out.iterrows()
-            for labels in [[r[f"{models[0]}: verdict"], r[f"{other}: verdict"]]]
-        ]
+        out[prefix + "transfers"] = [comparison_reading(r, models[0], other, prefix) for _, r in out.iterrows()]
     return out
+
+
+def comparison_reading(row, first: str, other: str, prefix: str) -> str:
+    """Whether one claim transfers from `first` to `other`: an exactness check by its two results, else by the
+    comparison's Holm-adjusted difference and equivalence tests."""
+    labels = [row[f"{first}: verdict"], row[f"{other}: verdict"]]
+    if row["exact"]:
+        return same_verdict(labels)
+    return reading(labels, held(row[prefix + "diff_p_holm"]), held(row[prefix + "tost_p_holm"]))
 
 
 def comparison_prefix(models: list[str], other: str) -> str:
