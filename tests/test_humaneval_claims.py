@@ -110,6 +110,15 @@ def test_a_few_items_that_all_agree_do_not_prove_equivalence():
         found = dict(zip(table["claim"], table["verdict"]))
         assert found["reuse costs nothing on HumanEval"] == expected, (n, found)
         assert found["no repair damages HumanEval"] == expected, (n, found)
+    # the same on the one-sided row: seven items where BCR-chunk and token-matched Dense agree on every code
+    assert found_at(items, calls, 7)["repair cannot touch the tokenization tax"] == "undecided"
+
+
+def found_at(items, calls, n):
+    keep = [f"HumanEval/{i}" for i in range(60, 60 + n)]
+    table = hc.humaneval_verdicts(items[items["item_id"].isin(keep)], calls[calls["item_id"].isin(keep)])
+    assert (table.loc[table["verdict"] == "undecided", "items_needed"] > 1).all()  # never "2 items would do"
+    return dict(zip(table["claim"], table["verdict"]))
 
 
 def test_every_row_prints_the_items_it_would_need_when_undecided():

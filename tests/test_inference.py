@@ -159,3 +159,47 @@ def test_tangos_tost_is_its_90_percent_interval_inside_the_margin():
         inside = -0.04 < lo and hi < 0.04
         assert (inf.tango_tost(b, c, n, 0.04) < 0.05) == inside, (b, c, n)
     assert inf.tango_tost(0, 0, 7, 0.04) > 0.2  # seven concordant items do not show a difference under 4 points
+
+
+def test_tangos_tost_power_is_the_share_of_simulated_samples_it_decides():
+    """The exact power sum against 4,000 simulated paired samples of the same discordance, each read by
+    `tango_tost` itself; the sample size is the first n where that power reaches 80%."""
+    rng = np.random.default_rng(4)
+    for p10, p01, n in [(0.05, 0.05, 300), (0.08, 0.02, 164), (0.0, 0.0, 80)]:
+        counts = rng.multinomial(n, [p10, p01, 1 - p10 - p01], size=4000)
+        simulated = np.mean([inf.tango_tost(b, c, n, 0.04) < 0.05 for b, c, _ in counts])
+        assert inf.tango_tost_power(p10, p01, n, 0.04) == pytest.approx(simulated, abs=0.025), (p10, p01, n)
+    n = inf.tango_items_needed(0.1, 0.04)
+    assert inf.tango_tost_power(0.05, 0.05, n, 0.04) >= 0.8 > inf.tango_tost_power(0.05, 0.05, n - 1, 0.04)
+    # the normal approximation on 0/1 differences of the same spread lands near it
+    z = stats.norm.ppf(0.95) + stats.norm.ppf(0.9)
+    assert n == pytest.approx((z * math.sqrt(0.1) / 0.04) ** 2, rel=0.1)
+    # no discordance at all: the n at which that many concordant pairs alone show equivalence, not 2
+    none = inf.tango_items_needed(0.0, 0.04)
+    assert inf.tango_tost(0, 0, none, 0.04) < 0.05 <= inf.tango_tost(0, 0, none - 1, 0.04)
+    assert inf.tango_items_needed(0.5, 0.04, limit=1000) is None
+    with pytest.raises(ValueError, match="discordance in"):
+        inf.tango_items_needed(1.5, 0.04)
+
+
+def test_values_that_do_not_vary_are_evidence_in_proportion_to_their_number_not_certainty():
+    """n paired 0/1 differences that are all 0: a t-test has zero spread and would read p = 0 at any n. The
+    exact reading: the boundary null (a share `margin` of items differ by 1, the rest by 0, mean = margin)
+    leaves all n items at 0 with probability (1 - margin)^n, which is the p; simulated from that null, the
+    all-zero samples come up that often. The interval's ends are where the one-sided p is half its tail."""
+    margin, n = 0.04, 40
+    assert inf.t_tost(np.zeros(n), margin) == pytest.approx((1 - margin) ** n, rel=1e-12)
+    assert inf.t_noninferior(np.zeros(n), margin) == pytest.approx((1 - margin) ** n, rel=1e-12)
+    draws = np.random.default_rng(5).random((20_000, n)) < margin  # items that differ under the boundary null
+    assert np.mean(~draws.any(axis=1)) == pytest.approx((1 - margin) ** n, abs=0.01)
+    assert inf.t_tost(np.zeros(7), margin) > 0.7 and inf.t_tost(np.zeros(140), margin) < 0.01
+    assert inf.t_tost(np.zeros(300), margin, bound=2.0) == pytest.approx((1 - margin / 2) ** 300, rel=1e-12)
+    lo, hi = inf.t_interval(np.zeros(n), 0.95)
+    assert (1 - hi) ** n == pytest.approx(0.025, rel=1e-9) and lo == pytest.approx(-hi, rel=1e-12)
+    assert inf.t_noninferior(np.full(5, 1.0), margin) == pytest.approx(((1 - margin) / 2) ** 5, rel=1e-12)
+    assert inf.t_tost(np.full(9, 0.5), margin) == 1.0  # a constant offset beyond the margin shows no equivalence
+    assert inf.tost_items_needed(np.zeros(10), margin) == math.ceil(math.log(0.05) / math.log(1 - margin))
+    assert inf.t_tost(np.zeros(inf.tost_items_needed(np.zeros(10), margin)), margin) < 0.05
+    # every item the same nonzero gain: the sign-flip needs 6 items (2 / 2^6 < 0.05), never "0 items"
+    needed = inf.mean_items_needed(np.full(4, 0.25))
+    assert inf.sign_flip(np.full(needed, 0.25)) < 0.05 <= inf.sign_flip(np.full(needed - 1, 0.25))

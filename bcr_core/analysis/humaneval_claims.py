@@ -20,7 +20,9 @@ to Dense's (`agrees_code`), or the mean teacher-forced KL over the item's calls 
 
 A superiority row whose 95% interval lies wholly below `ABSENT_BELOW` "does not hold": the tax claimed is
 absent (a tax the run can show smaller than the smallest effect of interest). Every row prints the items
-80% power would need (prospective at the margin or `MIN_EFFECT`, and post hoc at the observed effect).
+80% power would need (prospective at the margin or `MIN_EFFECT`, and post hoc at the observed effect);
+the TOST rows' is the exact power of Tango's TOST at the observed discordance with the two truly level
+(`inference.tango_items_needed`), so a run with no discordant item yet does not read "2 items would do".
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def tost_row(items, calls, claim, measure, a, b) -> Verdict:
     row.ci_lo, row.ci_hi = inf.paired_difference_ci(both, a_only, b_only, neither)
     row.p, row.margin = inf.tango_tost(a_only, b_only, len(d), HUMANEVAL_MARGIN), HUMANEVAL_MARGIN
     row.tost_lo, row.tost_hi = inf.tango_interval(a_only, b_only, len(d), 0.90)
-    row.items_needed = inf.tost_items_needed(d, HUMANEVAL_MARGIN)
+    row.items_needed = inf.tango_items_needed((a_only + b_only) / len(d), HUMANEVAL_MARGIN)  # at its discordance
     row.per_item = d
     row.evidence = (
         f"pass@1 {100 * table[a].mean():.1f}% vs {100 * table[b].mean():.1f}%; {a_only}/{b_only} (items only "
@@ -109,6 +111,7 @@ def untouched_row(items, matched, bcr) -> Verdict:
     row = Verdict("repair cannot touch the tokenization tax", "§4.3, App. F", "agrees_code", test, "undecided")
     row.effect, (row.ci_lo, row.ci_hi), row.n = float(gap.mean()), inf.t_interval(gap, 0.95), len(gap)
     row.p, row.kind, row.margin, row.per_item = inf.t_noninferior(gap, LINE_MARGIN), "noninferiority", LINE_MARGIN, gap
+    row.items_needed = inf.noninferior_items_needed(gap, LINE_MARGIN)
     row.evidence = (
         f"final code Dense's: {bcr} {100 * table[bcr].mean():.1f}%, token-matched {100 * table[matched].mean():.1f}%"
     )

@@ -54,24 +54,26 @@ def paired_difference_ci(both: int, first_only: int, second_only: int, neither: 
     return max(lo, -1.0), min(hi, 1.0)
 
 
-def tango_statistic(first_only: int, second_only: int, n: int, delta0: float) -> float:
+def tango_statistic(first_only, second_only, n: int, delta0: float):
     """Tango's score statistic for H0: p_first - p_second = delta0 over n pairs (standard normal under H0;
-    it falls as delta0 grows). At delta0 = 0 it is McNemar's (b - c) / sqrt(b + c)."""
-    b, c = first_only, second_only
+    it falls as delta0 grows). At delta0 = 0 it is McNemar's (b - c) / sqrt(b + c). Counts may be arrays."""
+    b, c = np.asarray(first_only, float), np.asarray(second_only, float)
     a2 = 2 * n
     b2 = -b - c + (2 * n - b + c) * delta0
     c2 = -c * delta0 * (1 - delta0)
-    p21 = (math.sqrt(max(b2 * b2 - 4 * a2 * c2, 0.0)) - b2) / (2 * a2)  # the restricted MLE of P(second only)
+    p21 = (np.sqrt(np.maximum(b2 * b2 - 4 * a2 * c2, 0.0)) - b2) / (2 * a2)  # the restricted MLE of P(second only)
     variance = n * (2 * p21 + delta0 * (1 - delta0))
     numerator = b - c - n * delta0
-    return numerator / math.sqrt(variance) if variance > 0 else 0.0
+    z = np.divide(numerator, np.sqrt(variance), out=np.zeros_like(numerator), where=variance > 0)
+    return float(z) if z.ndim == 0 else z
 
 
-def tango_tost(first_only: int, second_only: int, n: int, margin: float) -> float:
+def tango_tost(first_only, second_only, n: int, margin: float):
     """TOST p of p_first - p_second within ±margin: the larger of Tango's one-sided p at -margin and +margin."""
     low = stats.norm.sf(tango_statistic(first_only, second_only, n, -margin))  # H0: difference <= -margin
     high = stats.norm.cdf(tango_statistic(first_only, second_only, n, margin))  # H0: difference >= +margin
-    return float(max(low, high))
+    p = np.maximum(low, high)
+    return float(p) if p.ndim == 0 else p
 
 
 def tango_interval(first_only: int, second_only: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -203,12 +205,58 @@ def detectable_difference(psi: float, n: int, alpha: float = ALPHA, power: float
     return hi
 
 
+def tango_tost_power(p10: float, p01: float, n: int, margin: float, alpha: float = ALPHA) -> float:
+    """Power of `tango_tost` within ±margin at level alpha on n pairs whose discordance probabilities are
+    p10 (first only) and p01 (second only): exact, summed over the discordant count d ~ Bin(n, p10 + p01)
+    and the first-only count b ~ Bin(d, p10 / (p10 + p01))."""
+    psi = p10 + p01
+    if n < 1:
+        return 0.0
+    if psi <= 0:
+        return float(tango_tost(0, 0, n, margin) < alpha)
+    lo_d, hi_d = (int(x) for x in stats.binom.ppf([1e-10, 1 - 1e-10], n, psi))
+    power = 0.0
+    for d in range(lo_d, hi_d + 1):
+        b = np.arange(d + 1)
+        hit = tango_tost(b, d - b, n, margin) < alpha
+        power += stats.binom.pmf(d, n, psi) * float(np.sum(stats.binom.pmf(b, d, p10 / psi) * hit))
+    return float(power)
+
+
+def tango_items_needed(
+    discordance: float, margin: float, alpha: float = ALPHA, power: float = POWER, limit: int = 20_000
+) -> int | None:
+    """The fewest pairs at which `tango_tost` within ±margin reaches `power` when the two are truly level
+    (p10 = p01) and a share `discordance` of pairs disagree: the TOST's sample size on paired pass/fail
+    outcomes (None beyond `limit`). With no discordance it is the n at which n concordant pairs alone show
+    equivalence. Searched by doubling, then bisection (the power of a discrete test is nearly monotone)."""
+    if margin <= 0 or not 0 <= discordance <= 1:
+        raise ValueError(f"a TOST's sample size needs margin > 0 and a discordance in [0, 1]: {margin}, {discordance}")
+    reaches = lambda n: tango_tost_power(discordance / 2, discordance / 2, n, margin, alpha) >= power  # noqa: E731
+    lo, hi = 0, 8
+    while not reaches(hi):
+        if hi >= limit:
+            return None
+        lo, hi = hi, min(2 * hi, limit)
+    return bisect_first(reaches, lo, hi)
+
+
+def bisect_first(reaches: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The smallest n in (lo, hi] with `reaches(n)`, given reaches(hi) and not reaches(lo)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+    return hi
+
+
 def mean_items_needed(differences, alpha: float = ALPHA, power: float = POWER) -> float | None:
     """Items a paired test of a mean difference needs at the observed mean and spread (normal
     approximation, n = ((z_{a/2} + z_b) sd / mean)^2)."""
     d = np.asarray(differences, float)
     if d.size < 2 or d.mean() == 0:
         return None
+    if constant(d):  # every item the same nonzero difference: the sign-flip's own floor, 2 / 2^n < alpha
+        return math.ceil(math.log2(2 / alpha))
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
     return math.ceil((z * d.std(ddof=1) / abs(d.mean())) ** 2)
 
@@ -281,35 +329,72 @@ def tost_items_needed(differences, margin: float, alpha: float = ALPHA, power: f
         return None
     sd = d.std(ddof=1)
     z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(1 - (1 - power) / 2)
-    return max(2, math.ceil((z * sd / margin) ** 2)) if sd > 0 else 2
+    return unvarying_items_needed(margin, alpha) if constant(d) else max(2, math.ceil((z * sd / margin) ** 2))
+
+
+def noninferior_items_needed(differences, margin: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """Items the one-sided test of a mean above -margin needs for `power` when the true mean is 0, at the
+    observed spread: n = ((z_a + z_b) sd / margin)^2."""
+    d = np.asarray(differences, float)
+    if d.size < 2 or margin <= 0:
+        return None
+    sd = d.std(ddof=1)
+    z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)
+    return unvarying_items_needed(margin, alpha) if constant(d) else max(2, math.ceil((z * sd / margin) ** 2))
+
+
+def unvarying_items_needed(margin: float, alpha: float = ALPHA, bound: float = 1.0) -> int:
+    """Where no item varies, the items at which `unvarying_p` of all-zero values falls below alpha."""
+    return math.ceil(math.log(alpha) / math.log(1 - min(margin / bound, 1 - 1e-12)))
 
 
 def constant(v: np.ndarray) -> bool:
     return v.size < 2 or bool(np.allclose(v, v[0], rtol=0, atol=1e-12))
 
 
-def t_interval(values, level: float) -> tuple[float, float]:
-    """The t interval of the mean of per-item values at `level`."""
+def t_interval(values, level: float, bound: float = 1.0) -> tuple[float, float]:
+    """The t interval of the mean of per-item values at `level` (values that do not vary, within ±`bound`:
+    `unvarying_interval`)."""
     v = np.asarray(values, float)
     if constant(v):
-        return float(v.mean()), float(v.mean())
+        return unvarying_interval(v, level, bound) if v.size else (math.nan, math.nan)
     ci = stats.ttest_1samp(v, 0.0).confidence_interval(level)
     return float(ci.low), float(ci.high)
 
 
-def t_tost(values, margin: float) -> float:
-    """TOST p of per-item values within ±margin: the larger of the two one-sided t-tests' p."""
+def t_tost(values, margin: float, bound: float = 1.0) -> float:
+    """TOST p of per-item values within ±margin: the larger of the two one-sided t-tests' p. Values that do
+    not vary have no t-test: `unvarying_p` (never certainty) reads them."""
     v = np.asarray(values, float)
     if constant(v):
-        return 0.0 if abs(v.mean()) < margin else 1.0
+        return max(unvarying_p(v, -margin, bound), unvarying_p(v, margin, bound)) if abs(v.mean()) < margin else 1.0
     low = stats.ttest_1samp(v, -margin, alternative="greater").pvalue
     high = stats.ttest_1samp(v, margin, alternative="less").pvalue
     return float(max(low, high))
 
 
-def t_noninferior(values, margin: float) -> float:
-    """One-sided p that the mean of per-item values exceeds -margin (H0: mean <= -margin)."""
+def t_noninferior(values, margin: float, bound: float = 1.0) -> float:
+    """One-sided p that the mean of per-item values exceeds -margin (H0: mean <= -margin); values that do
+    not vary are read by `unvarying_p`."""
     v = np.asarray(values, float)
     if constant(v):
-        return 0.0 if v.mean() > -margin else 1.0
+        return unvarying_p(v, -margin, bound) if v.mean() > -margin else 1.0
     return float(stats.ttest_1samp(v, -margin, alternative="greater").pvalue)
+
+
+def unvarying_p(v: np.ndarray, null: float, bound: float) -> float:
+    """The exact one-sided p of n per-item values that all equal c, against a mean `null` on either side of
+    c, for values within ±`bound` (paired pass/fail differences: 1). By Markov's inequality on the bounded
+    values, one item lands at c or beyond with probability at most (bound + null) / (bound + c) when the
+    null is below c ((bound - null) / (bound - c) when above), so n items all do with at most its n-th
+    power: for c = 0 and a null at ±margin, (1 - margin / bound)^n. A t-test reads the zero spread as
+    certainty at any n (seven concordant items "equivalent"); this does not."""
+    c, n = float(v.mean()), v.size
+    share = (bound + null) / (bound + c) if null < c else (bound - null) / (bound - c) if null > c else 1.0
+    return float(min(max(share, 0.0), 1.0) ** n)
+
+
+def unvarying_interval(v: np.ndarray, level: float, bound: float) -> tuple[float, float]:
+    """The means `unvarying_p` does not reject at 1 - level, two-sided, for n values that all equal c."""
+    c, tail = float(v.mean()), ((1 - level) / 2) ** (1 / v.size)
+    return (bound + c) * tail - bound, bound - (bound - c) * tail

@@ -127,7 +127,9 @@ def line_claim(gate: pd.DataFrame | None, dense, unconditional, settings, measur
     margin = LINE_MARGIN
     parts, rows = [], []
     for s in present:
-        p, ci90, ci95 = inf.t_tost(e[s], margin), inf.t_interval(e[s], 0.90), inf.t_interval(e[s], 0.95)
+        bound = max(1.0, rate[s] / rate[unconditional])  # |e_i| <= 1 while r <= r_E
+        p, ci90 = inf.t_tost(e[s], margin, bound), inf.t_interval(e[s], 0.90, bound)
+        ci95 = inf.t_interval(e[s], 0.95, bound)
         beyond = ci90[0] >= margin or ci90[1] <= -margin
         rows.append((beyond, p, s, ci90, ci95))
         parts.append(
