@@ -465,3 +465,20 @@ def test_the_committed_gemma_grid_gives_the_documented_transfer_table():
     shown_in = (CHECKOUT / "docs" / "results.md").read_text()
     for text in shown.splitlines():
         assert text in shown_in, text
+
+
+def test_a_models_humaneval_cell_beside_its_claims_grid_is_not_read_as_part_of_it(tmp_path):
+    """A model's claims folder holds its HumanEval cell in `humaneval/` beside the synthetic grid's cells. Its
+    Dense and KVComm are not the grid's: the claims read only runs of the grid's benchmark (here a copy of a
+    synthetic cell relabelled HumanEval would otherwise hold Dense on the same items twice, an error)."""
+    import shutil
+
+    shutil.copytree(RESULTS / "claims" / "gate", tmp_path / "cell")
+    shutil.copytree(RESULTS / "claims" / "gate", tmp_path / "humaneval")
+    settings = json.loads((tmp_path / "humaneval" / "cell.json").read_text())
+    (tmp_path / "humaneval" / "cell.json").write_text(json.dumps(settings | {"benchmark": "humaneval"}))
+    items, _ = claims_grid.load_runs(tmp_path, benchmark="synthetic")
+    assert set(items["run"]) == {"cell"} and len(items) == len(claims_grid.load_runs(tmp_path / "cell")[0])
+    with pytest.raises(UsageError, match="in more than one run"):
+        claims_grid.load_runs(tmp_path)  # both, as before
+    assert set(claims_grid.load_claims(tmp_path)["items"]["run"]) == {"cell"}

@@ -315,19 +315,19 @@ def test_a_bug_under_ray_start_keeps_its_traceback(error):
 
 @pytest.mark.parametrize("name, folder", [("smollm2-135m", "claims"), ("gemma-3-270m", "claims-gemma-3-270m-bos")])
 def test_a_models_claims_grid_file_is_the_recipe_of_its_committed_folders(name, folder):
-    """The README regenerates each model's committed claims folder from its grid file, and each
-    confirmation `confirm-K` in it from `grids/<model>-confirm-K.toml` (one cell, planned by `bcr plan`):
-    every committed run folder is a cell of them, with the very settings its cell.json records, and every
-    cell is committed."""
+    """The README regenerates each model's committed claims folder from its grid file, each confirmation
+    `confirm-K` in it from `grids/<model>-confirm-K.toml` (one cell, planned by `bcr plan`) and its HumanEval
+    cell `humaneval` from `grids/<model>-humaneval.toml` (one cell): every committed run folder is a cell of
+    them, with the very settings its cell.json records, and every cell is committed."""
     import json
 
     from bcr_core.runs.cell import Cell
 
     root = Path(bcr_core.__file__).parent.parent
     cells = {g.name: g.cell for g in read_grid(root / "grids" / f"{name}.toml")}
-    for plan in (root / "grids").glob(f"{name}-confirm-*.toml"):
-        (confirmation,) = read_grid(plan)
-        cells[plan.stem.removeprefix(f"{name}-")] = confirmation.cell
+    for plan in [*(root / "grids").glob(f"{name}-confirm-*.toml"), *(root / "grids").glob(f"{name}-humaneval.toml")]:
+        (one,) = read_grid(plan)
+        cells[plan.stem.removeprefix(f"{name}-")] = one.cell
     committed = {
         path.parent.name: Cell.from_record(json.loads(path.read_text()))
         for path in (root / "results" / folder).glob("*/cell.json")

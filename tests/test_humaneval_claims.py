@@ -157,8 +157,9 @@ def test_bcr_report_humaneval_writes_the_family_and_the_seams_of_a_run_folder(tm
     counted = pd.read_csv(tmp_path / "seams.csv")
     assert counted["calls"].sum() == N and counted["share_of_calls"].max() == 1.0  # every call of token-matched Dense
     assert "token-matched-dense's 164 calls; ids identical to Dense's on 0" in printed
-    assert "Every condition (description)" in printed and "pass_at_1" in printed
+    assert "Every condition (description)" in printed and "| `dense` | 164 | " in printed
     assert counted["kind"].tolist() == ["'Maria'"] and counted["reuse_path_split"].tolist() == ["Ma | ria"]
+    assert "| `'Maria'` | `'Ma'` + `'ria'` | 164 | 164 (100.0%) |" in printed  # the pieces read back as text
     assert "Partial" not in printed
     # a run still going: KVComm has served 100 of the 164 planned items
     unserved = (items["condition"] == "kvcomm@1") & (items["item_id"].str.split("/").str[1].astype(int) >= 100)
@@ -192,3 +193,17 @@ def test_the_workload_line_reads_the_two_families_verdicts(synthetic, change, sa
     table = pd.DataFrame({"claim": ["reuse costs accuracy"], "verdict": [synthetic]})
     line = workload.workload_line(table, hc.humaneval_verdicts(*world(**change)))
     assert line.startswith(f"Is the cost of reuse workload-specific? {said}"), line
+
+
+def test_a_seam_shows_in_a_markdown_table_cell_whatever_its_characters():
+    """A closing code fence and a pipe are what code agents write; in a table cell a backtick must not end
+    the code span and a pipe must not end the cell (GitHub's rules: doubled delimiters, an escaped pipe)."""
+    from bcr_core.analysis.humaneval_report import code_span, seams_markdown
+
+    assert code_span("'```'") == "`` '```' ``" and code_span("'a|b'") == "`'a\\|b'`"
+    table = pd.DataFrame(
+        {"kind": ["'```\\n\\n'"], "seams": [3], "calls": [2], "share_of_calls": [0.5], "reuse_path_split": ["``` | ĊĊ"]}
+    )
+    (line,) = seams_markdown(table).splitlines()[2:]
+    assert line == "| `` '```\\n\\n' `` | `` '```' `` + `'\\n\\n'` | 3 | 2 (50.0%) |"
+    assert line.replace("\\|", "").count("|") == 5  # four cells

@@ -26,14 +26,17 @@ GATE_FRESH = "gate-fresh"
 
 
 # ------------------------------------------------------------------------------- records
-def load_runs(folder, skip: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_runs(folder, skip: tuple[str, ...] = (), benchmark: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Items and calls of every run folder (one holding `cell.json`) under `folder`, but those named
-    in `skip`. Each comparison pairs its own conditions by item id (`paired`), so folders may hold
+    in `skip` and, given a `benchmark`, those of another (a model's folder may hold its HumanEval cell beside
+    its synthetic grid). Each comparison pairs its own conditions by item id (`paired`), so folders may hold
     different items."""
     items, calls = [], []
     for found in run_folders(folder):
         run = found.path.relative_to(folder).as_posix()
         if run in skip or found.settings.get("confirms"):  # a confirmation is its own family (`confirmation`)
+            continue
+        if benchmark is not None and found.settings.get("benchmark") != benchmark:
             continue
         items += [r | {"run": run} for r in found.items()]
         calls += found.calls()
@@ -131,10 +134,11 @@ class ClaimsGrid:
         return ["dense", "kvcomm", *self.gate()]
 
 
-def load_claims(folder) -> dict:
-    """Everything the verdicts read from a folder `runs.claims_run.run_fresh` (or the committed results) wrote."""
+def load_claims(folder, benchmark: str = ClaimsGrid.benchmark) -> dict:
+    """Everything the verdicts read from a folder `runs.claims_run.run_fresh` (or the committed results) wrote,
+    on the grid's `benchmark` (runs of another in the folder are not the grid's)."""
     folder = Path(folder)
-    items, calls = load_runs(folder, skip=(GATE, GATE_FRESH))
+    items, calls = load_runs(folder, skip=(GATE, GATE_FRESH), benchmark=benchmark)
     curve = folder / "unit_curve.csv"
     report = folder / "verify.json"
     gates = [folder / name for name in (GATE_FRESH, GATE) if (folder / name / "cell.json").exists()]

@@ -6,7 +6,7 @@ description), writes `verdicts.csv` and `grid_table.csv` beside them, and prints
 and its list of tests that docs/results.md shows. Given two folders (one per model, on the same
 items), each is its own Holm family, and the transfer table reads each claim's transfer from paired
 tests (difference and equivalence) of the two models' per-item values (`bcr_core.analysis.transfer`).
-`SMOLLM2` and `GEMMA` are the folders docs/results.md reads.
+`SMOLLM2`, `GEMMA` and `QWEN_CODER` are the folders docs/results.md reads.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ GATE_READ = {  # which gate sweep the line's verdict reads, and whether its rule
 SMOLLM2 = RESULTS / "claims"
 # Gemma's rows: the grid with base caches behind <bos>; the one made before that fix stays, labelled
 GEMMA = RESULTS / "claims-gemma-3-270m-bos"
+QWEN_CODER = RESULTS / "claims-qwen2.5-coder-0.5b"  # its synthetic grid, and its HumanEval cell in `humaneval/`
 FOLDER_NOTES = {"claims-gemma-3-270m": "made before the <bos> fix"}
 
 
@@ -44,7 +45,7 @@ def compute(
     """The verdicts (one family, on `measure`: accuracy, the paper's) and the grid table, from a claims
     folder (`seed`: the sign-flip resampler's)."""
     grid = grid or claims_grid.ClaimsGrid()
-    data = claims_grid.load_claims(folder)
+    data = claims_grid.load_claims(folder, grid.benchmark)
     common = dict(
         cacheblend=grid.cacheblend,
         gate_settings=grid.gate(),
@@ -185,7 +186,7 @@ def grid_markdown(table: pd.DataFrame) -> str:
 
 
 # ------------------------------------------------------------------------------- across models
-MODEL_NAMES = {"default": "SmolLM2-135M", "gemma-3-270m": "Gemma 3 270M"}
+MODEL_NAMES = {"default": "SmolLM2-135M", "gemma-3-270m": "Gemma 3 270M", "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B"}
 
 
 def model_of(folder) -> str:

@@ -66,6 +66,53 @@ def conditions_table(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def conditions_markdown(table: pd.DataFrame) -> str:
+    """`conditions_table` as docs/results.md shows it: shares in percent, KL to four places, times in seconds."""
+    columns = {
+        "items": ("items", lambda v: f"{int(v)}"),
+        "pass_at_1": ("pass@1 %", lambda v: f"{100 * v:.1f}"),
+        "code_as_dense": ("final code = Dense's %", lambda v: f"{100 * v:.1f}"),
+        "kl_to_dense": ("KL to Dense per item", lambda v: f"{v:.4f}"),
+        "reuse_rate": ("reuse rate %", lambda v: f"{100 * v:.1f}"),
+        "ids_as_dense": ("calls with Dense's ids %", lambda v: f"{100 * v:.1f}"),
+        "reuse_ttft_s": ("median TTFT of reuse calls, s", lambda v: f"{v:.2f}"),
+    }
+    shown = [c for c in columns if c in table]
+    lines = [
+        "| condition | " + " | ".join(columns[c][0] for c in shown) + " |",
+        "| --- |" + " --- |" * len(shown),
+    ]
+    for _, row in table.iterrows():
+        cells = ["" if pd.isna(row[c]) else columns[c][1](row[c]) for c in shown]
+        lines.append(f"| `{row['condition']}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seams_markdown(table: pd.DataFrame) -> str:
+    """The seam counts (`seams.seam_counts`) as docs/results.md shows them: the template's token, the reuse
+    path's pieces (byte-level tokens read back as text), seams and calls."""
+    from tokenizers.decoders import ByteLevel
+
+    text = ByteLevel()
+    lines = [
+        "| the template's token | the reuse path's pieces | seams | calls (share) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for _, row in table.iterrows():
+        pieces = " + ".join(code_span(repr(text.decode([t]))) for t in row["reuse_path_split"].split(" | "))
+        lines.append(
+            f"| {code_span(row['kind'])} | {pieces} | {int(row['seams'])} "
+            f"| {int(row['calls'])} ({100 * row['share_of_calls']:.1f}%) |"
+        )
+    return "\n".join(lines)
+
+
+def code_span(text: str) -> str:
+    """`text` as a Markdown code span inside a table cell: doubled delimiters around a backtick, pipes escaped."""
+    text = text.replace("|", "\\|")
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
 def seam_table(run: RunFolder) -> pd.DataFrame | None:
     """Seam counts over token-matched Dense's calls (any condition's where it did not run), from id lists."""
     calls = run.calls()
@@ -109,13 +156,13 @@ def main(folders: list[str]) -> None:
         table = humaneval_verdicts(items, calls)
         write_text_whole(folder / "verdicts.csv", table.to_csv(index=False))
         print(f"## {folder} ({run.model})\n\n{partial_text(items, run.settings)}{markdown(table)}\n")
-        print(f"Every condition (description):\n\n{conditions_table(items, calls).round(4).to_string(index=False)}\n")
+        print(f"Every condition (description):\n\n{conditions_markdown(conditions_table(items, calls))}\n")
         found = seam_table(run)
         if found is not None:
             write_text_whole(folder / SEAMS, found.to_csv(index=False))
-            print(f"Seams ({found.attrs['said']}):\n\n{found.to_string(index=False)}\n")
+            print(f"Seams ({found.attrs['said']}):\n\n{seams_markdown(found)}\n")
         elif (folder / SEAMS).is_file():
-            print(f"Seams (committed):\n\n{pd.read_csv(folder / SEAMS).to_string(index=False)}\n")
+            print(f"Seams (committed):\n\n{seams_markdown(pd.read_csv(folder / SEAMS, keep_default_na=False))}\n")
         same_model = synthetic.get(claims_report.model_of(folder)) if synthetic else None
         if same_model is not None:
             print(workload.workload_line(claims_report.compute(same_model)["verdicts"], table) + "\n")
