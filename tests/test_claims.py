@@ -482,3 +482,23 @@ def test_a_models_humaneval_cell_beside_its_claims_grid_is_not_read_as_part_of_i
     with pytest.raises(UsageError, match="in more than one run"):
         claims_grid.load_runs(tmp_path)  # both, as before
     assert set(claims_grid.load_claims(tmp_path)["items"]["run"]) == {"cell"}
+
+
+def test_two_repairs_level_on_pass_fail_items_are_read_by_tangos_test_not_a_t_test():
+    """100 items, one of which only BCR-chunk gets: a t-test on the 0/1 differences puts the 90% interval at
+    [-0.7, +2.7] points and p near 1e-5, as if one discordant item in a hundred were precise; the discordance
+    itself could be near 5% (the exact binomial's one-sided 95% bound for 1 in 100 is 4.6%). Tango's test
+    keeps that width: its 90% interval reaches past +4 points and p is about 0.03."""
+    n = 100
+    bcr, blend = [True] * 51 + [False] * 49, [True] * 50 + [False] * 50
+    items = records({"dense": [True] * n, "bcr-chunk:chunk=16": bcr, "cacheblend-cost:chunk=16": blend})
+    calls = pd.DataFrame(
+        [{"condition": c, "item_id": str(i), "mode": "dense"} for c in items["condition"].unique() for i in range(n)]
+    )
+    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16")
+    row = table.set_index("claim").loc["BCR is level with CacheBlend at matched cost"]
+    assert "Tango's score tests" in row["test"] and row["effect"] == pytest.approx(0.01)
+    assert row["tost_hi"] > 0.04 and row["tost_lo"] < -0.01 and 0.01 < row["p"] < 0.05
+    from scipy import stats
+
+    assert row["tost_hi"] > 0.9 * stats.beta.ppf(0.95, 2, n - 1)  # near the exact bound on the discordance

@@ -94,13 +94,16 @@ def pair_claim(items, calls, claim, paper, measure, better, worse, test_name) ->
 
 def level_claim(items, calls, paper, measure, bcr, other, test_name) -> Verdict:
     """BCR-chunk level with another repair at matched cost: TOST within ±REPAIR_MARGIN on the per-item
-    difference (one-sided t-tests), the two-sided exact McNemar beside it."""
+    difference, by Tango's score tests where both are pass/fail per item (a t-test on a few discordant items
+    reads their rarity as precision) and one-sided t-tests otherwise; the two-sided exact McNemar beside it."""
     table = paired(items, measure, bcr, other).astype(float)
     d = table[bcr] - table[other]
     both, b_only, o_only, neither = inf.table_of(table[bcr] == 1, table[other] == 1)
+    binary = bool(table[[bcr, other]].isin([0.0, 1.0]).all().all())
     test = (
         f"{test_name}: per-item difference within ±{100 * REPAIR_MARGIN:g} pts (the paper's smallest claimed "
-        "gap between two repairs, the draft over a coin), TOST by one-sided t-tests over items"
+        "gap between two repairs, the draft over a coin), TOST by "
+        + ("Tango's score tests on the paired items" if binary else "one-sided t-tests over items")
     )
     lo, hi = inf.paired_difference_ci(both, b_only, o_only, neither)
     evidence = (
@@ -109,9 +112,14 @@ def level_claim(items, calls, paper, measure, bcr, other, test_name) -> Verdict:
     )
     row = Verdict("BCR is level with CacheBlend at matched cost", paper, measure, test, "undecided", float(d.mean()))
     row.ci_lo, row.ci_hi, row.n, row.evidence, row.kind = lo, hi, len(d), evidence, "equivalence"
-    row.p, row.margin = inf.t_tost(d, REPAIR_MARGIN), REPAIR_MARGIN
-    row.tost_lo, row.tost_hi = inf.t_interval(d, 0.90)
-    row.items_needed = inf.tost_items_needed(d, REPAIR_MARGIN)
+    row.margin = REPAIR_MARGIN
+    if binary:
+        row.p = inf.tango_tost(b_only, o_only, len(d), REPAIR_MARGIN)
+        row.tost_lo, row.tost_hi = inf.tango_interval(b_only, o_only, len(d), 0.90)
+        row.items_needed = inf.tango_items_needed((b_only + o_only) / len(d), REPAIR_MARGIN)
+    else:
+        row.p, (row.tost_lo, row.tost_hi) = inf.t_tost(d, REPAIR_MARGIN), inf.t_interval(d, 0.90)
+        row.items_needed = inf.tost_items_needed(d, REPAIR_MARGIN)
     row.per_item = d
     row.rows = rows_text(calls, bcr, other, table.index)
     return row
