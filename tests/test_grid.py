@@ -313,7 +313,14 @@ def test_a_bug_under_ray_start_keeps_its_traceback(error):
         grid_ray.connect(FakeRay(error), "HOST:1", quiet=True)
 
 
-@pytest.mark.parametrize("name, folder", [("smollm2-135m", "claims"), ("gemma-3-270m", "claims-gemma-3-270m-bos")])
+@pytest.mark.parametrize(
+    "name, folder",
+    [
+        ("smollm2-135m", "claims"),
+        ("gemma-3-270m", "claims-gemma-3-270m-bos"),
+        ("qwen2.5-coder-0.5b", "claims-qwen2.5-coder-0.5b"),
+    ],
+)
 def test_a_models_claims_grid_file_is_the_recipe_of_its_committed_folders(name, folder):
     """The README regenerates each model's committed claims folder from its grid file, each confirmation
     `confirm-K` in it from `grids/<model>-confirm-K.toml` (one cell, planned by `bcr plan`) and its HumanEval

@@ -207,3 +207,40 @@ def test_a_seam_shows_in_a_markdown_table_cell_whatever_its_characters():
     (line,) = seams_markdown(table).splitlines()[2:]
     assert line == "| `` '```\\n\\n' `` | `` '```' `` + `'\\n\\n'` | 3 | 2 (50.0%) |"
     assert line.replace("\\|", "").count("|") == 5  # four cells
+
+
+def test_the_committed_humaneval_cell_gives_the_documented_verdicts_conditions_and_seams():
+    """`results/claims-qwen2.5-coder-0.5b/humaneval` holds the Qwen coder's HumanEval cell as far as it has run
+    (exported records, the seams counted from the run's id lists): its family recomputed from the records is
+    the committed verdicts.csv, and docs/results.md shows what `bcr report humaneval` prints for it. Each
+    row's pairs exist: the stateful conditions serve their tasks in lockstep, Dense and token-matched Dense ahead."""
+    from bcr_core.analysis import claims_report
+    from bcr_core.analysis import humaneval_report as report
+    from bcr_core.paths import CHECKOUT
+    from bcr_core.run_folder import RunFolder
+
+    folder = claims_report.QWEN_CODER / "humaneval"
+    run = RunFolder(folder)
+    items, calls = pd.DataFrame(run.items()), pd.DataFrame(run.calls())
+    tasks = items.groupby("condition")["item_id"].agg(frozenset)
+    stateful = [c for c in tasks.index if c not in ("dense", "token-matched-dense")]
+    assert all(tasks[c] <= tasks["dense"] & tasks["token-matched-dense"] for c in stateful)
+    assert max(map(len, tasks[stateful])) - min(map(len, tasks[stateful])) <= 1  # served in lockstep
+    table = hc.humaneval_verdicts(items, calls)
+    committed = pd.read_csv(folder / "verdicts.csv")
+    assert table["verdict"].tolist() == committed["verdict"].tolist()
+    assert table["p_holm"].fillna(-1).tolist() == pytest.approx(committed["p_holm"].fillna(-1).tolist())
+    seams = pd.read_csv(folder / report.SEAMS, keep_default_na=False)
+    matched_calls = int((calls["condition"] == "token-matched-dense").sum())
+    assert ((seams["calls"] / seams["share_of_calls"]).round() == matched_calls).all()
+    shown = "\n".join(
+        [
+            report.partial_text(items, run.settings),
+            report.markdown(table),
+            report.conditions_markdown(report.conditions_table(items, calls)),
+            report.seams_markdown(seams),
+        ]
+    )
+    shown_in = (CHECKOUT / "docs" / "results.md").read_text()
+    for text in filter(None, shown.splitlines()):
+        assert text in shown_in, text

@@ -46,7 +46,8 @@ def markdown(table: pd.DataFrame) -> str:
 
 def conditions_table(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Per condition, as description (the aligned assembly's conditions among them): items, pass@1, final
-    code identical to Dense's, mean KL to Dense, reuse rate, share of calls whose ids are Dense's, and the
+    code identical to Dense's, mean KL to Dense, reuse rate, share of calls whose ids are Dense's, rows
+    recomputed per reuse call and the share of them that were exact already (the agent's own prefix), and the
     median time to first token of its reuse calls (a dense prefill's decode is shared between the
     conditions that made the same one in a batched run, so only an assembled cache's call times itself)."""
     items = with_code_agreement(items, "dense")
@@ -61,8 +62,13 @@ def conditions_table(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     by_condition = calls.groupby("condition", sort=False)
     if "ids_match" in calls:
         table["ids_as_dense"] = by_condition["ids_match"].mean()
-    if {"reason", "ttft_s"} <= set(calls):
-        table["reuse_ttft_s"] = calls[calls["reason"] == "reuse"].groupby("condition")["ttft_s"].median()
+    reuse = calls[calls["reason"] == "reuse"].groupby("condition") if "reason" in calls else None
+    if reuse is not None and {"rows_recomputed", "rows_wasted"} <= set(calls):
+        table["rows_per_reuse_call"] = reuse["rows_recomputed"].mean()
+        recomputed = reuse["rows_recomputed"].sum()
+        table["exact_share"] = (reuse["rows_wasted"].sum() / recomputed).where(recomputed > 0)
+    if reuse is not None and "ttft_s" in calls:
+        table["reuse_ttft_s"] = reuse["ttft_s"].median()
     return table.reset_index()
 
 
@@ -74,7 +80,9 @@ def conditions_markdown(table: pd.DataFrame) -> str:
         "code_as_dense": ("final code = Dense's %", lambda v: f"{100 * v:.1f}"),
         "kl_to_dense": ("KL to Dense per item", lambda v: f"{v:.4f}"),
         "reuse_rate": ("reuse rate %", lambda v: f"{100 * v:.1f}"),
-        "ids_as_dense": ("calls with Dense's ids %", lambda v: f"{100 * v:.1f}"),
+        "ids_as_dense": ("calls whose reuse-path ids are Dense's %", lambda v: f"{100 * v:.1f}"),
+        "rows_per_reuse_call": ("rows / reuse call", lambda v: f"{v:.1f}"),
+        "exact_share": ("of them exact already %", lambda v: f"{100 * v:.1f}"),
         "reuse_ttft_s": ("median TTFT of reuse calls, s", lambda v: f"{v:.2f}"),
     }
     shown = [c for c in columns if c in table]
