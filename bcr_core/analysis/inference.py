@@ -16,6 +16,11 @@ control's seeds are averaged per item into one control. Each function states its
 - `mcnemar_power` / `mcnemar_items_needed`: the exact unconditional power of the two-sided exact
   McNemar test at discordance probabilities p10, p01 (a binomial mixture over the discordant count);
   `connor_items` is Connor's (1987) normal approximation, the usual sample-size formula.
+- `tango_tost_power` / `tango_items_needed`: the exact power of Tango's TOST (summed over the discordant
+  count and its split) and the fewest pairs reaching 80% of it with the two truly level.
+- `unvarying_p` / `unvarying_interval`: per-item values that all equal one number, which a t-test cannot
+  read (zero spread), by Markov's inequality on values of known bound: n items at c when the mean is at
+  the null has probability at most a share to the n-th power.
 - `tost_p`: two one-sided tests (Schuirmann 1987) by inverting a family of intervals: the smallest
   alpha whose (1 - 2 alpha) interval lies inside (-margin, +margin).
 - `holm`: Holm's (1979) step-down adjustment over one family of p-values.
@@ -321,7 +326,9 @@ def mean_items_needed_at(differences, effect: float, alpha: float = ALPHA, power
     return math.ceil((z * d.std(ddof=1) / abs(effect)) ** 2)
 
 
-def tost_items_needed(differences, margin: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+def tost_items_needed(
+    differences, margin: float, alpha: float = ALPHA, power: float = POWER, bound: float = 1.0
+) -> int | None:
     """Items a TOST within ±margin needs for `power` when the true effect is 0, at the observed
     spread: n = ((z_a + z_{b/2}) sd / margin)^2 (both one-sided tests at alpha)."""
     d = np.asarray(differences, float)
@@ -329,7 +336,7 @@ def tost_items_needed(differences, margin: float, alpha: float = ALPHA, power: f
         return None
     sd = d.std(ddof=1)
     z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(1 - (1 - power) / 2)
-    return unvarying_items_needed(margin, alpha) if constant(d) else max(2, math.ceil((z * sd / margin) ** 2))
+    return unvarying_items_needed(margin, alpha, bound) if constant(d) else max(2, math.ceil((z * sd / margin) ** 2))
 
 
 def noninferior_items_needed(differences, margin: float, alpha: float = ALPHA, power: float = POWER) -> int | None:

@@ -126,10 +126,10 @@ def line_claim(gate: pd.DataFrame | None, dense, unconditional, settings, measur
     e, rate = residuals(gate, measure, dense, unconditional, present)
     margin = LINE_MARGIN
     parts, rows = [], []
+    bounds = {s: max(1.0, rate[s] / rate[unconditional]) for s in present}  # |e_i| <= max(1, r / r_E)
     for s in present:
-        bound = max(1.0, rate[s] / rate[unconditional])  # |e_i| <= 1 while r <= r_E
-        p, ci90 = inf.t_tost(e[s], margin, bound), inf.t_interval(e[s], 0.90, bound)
-        ci95 = inf.t_interval(e[s], 0.95, bound)
+        p, ci90 = inf.t_tost(e[s], margin, bounds[s]), inf.t_interval(e[s], 0.90, bounds[s])
+        ci95 = inf.t_interval(e[s], 0.95, bounds[s])
         beyond = ci90[0] >= margin or ci90[1] <= -margin
         rows.append((beyond, p, s, ci90, ci95))
         parts.append(
@@ -151,7 +151,7 @@ def line_claim(gate: pd.DataFrame | None, dense, unconditional, settings, measur
     )
     row.evidence += "; ".join(parts)
     row.margin, (row.tost_lo, row.tost_hi) = margin, ci90
-    row.items_needed = max(inf.tost_items_needed(e[s], margin) or 0 for s in present)
+    row.items_needed = max(inf.tost_items_needed(e[s], margin, bound=bounds[s]) or 0 for s in present)
     row.per_item = e[worst]
     return row
 
