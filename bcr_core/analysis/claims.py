@@ -24,6 +24,7 @@ from bcr_core.analysis.protocol import (
     family,
     mean_claim,
     paired,
+    read_by_tango,
     rows_differ,
     rows_text,
 )
@@ -112,13 +113,11 @@ def level_claim(items, calls, paper, measure, bcr, other, test_name) -> Verdict:
     )
     row = Verdict("BCR is level with CacheBlend at matched cost", paper, measure, test, "undecided", float(d.mean()))
     row.ci_lo, row.ci_hi, row.n, row.evidence, row.kind = lo, hi, len(d), evidence, "equivalence"
-    row.margin = REPAIR_MARGIN
     if binary:
-        row.p = inf.tango_tost(b_only, o_only, len(d), REPAIR_MARGIN)
-        row.tost_lo, row.tost_hi = inf.tango_interval(b_only, o_only, len(d), 0.90)
-        row.items_needed = inf.tango_items_needed((b_only + o_only) / len(d), REPAIR_MARGIN)
+        read_by_tango(row, b_only, o_only, REPAIR_MARGIN)
     else:
-        row.p, (row.tost_lo, row.tost_hi) = inf.t_tost(d, REPAIR_MARGIN), inf.t_interval(d, 0.90)
+        row.p, row.margin = inf.t_tost(d, REPAIR_MARGIN), REPAIR_MARGIN
+        row.tost_lo, row.tost_hi = inf.t_interval(d, 0.90)
         row.items_needed = inf.tost_items_needed(d, REPAIR_MARGIN)
     row.per_item = d
     row.rows = rows_text(calls, bcr, other, table.index)

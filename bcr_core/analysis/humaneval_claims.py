@@ -41,6 +41,7 @@ from bcr_core.analysis.protocol import (
     family,
     mean_claim,
     paired,
+    read_by_tango,
     rows_text,
 )
 from bcr_core.analysis.summary import with_agreement
@@ -76,9 +77,7 @@ def tost_row(items, calls, claim, measure, a, b) -> Verdict:
     test = f"{a} vs {b}: per-item difference within ±{100 * HUMANEVAL_MARGIN:g} pts, TOST by Tango's score tests"
     row = Verdict(claim, PAPER, measure, test, "undecided", float(d.mean()), n=len(d), kind="equivalence")
     row.ci_lo, row.ci_hi = inf.paired_difference_ci(both, a_only, b_only, neither)
-    row.p, row.margin = inf.tango_tost(a_only, b_only, len(d), HUMANEVAL_MARGIN), HUMANEVAL_MARGIN
-    row.tost_lo, row.tost_hi = inf.tango_interval(a_only, b_only, len(d), 0.90)
-    row.items_needed = inf.tango_items_needed((a_only + b_only) / len(d), HUMANEVAL_MARGIN)  # at its discordance
+    read_by_tango(row, a_only, b_only, HUMANEVAL_MARGIN)
     row.per_item = d
     row.evidence = (
         f"pass@1 {100 * table[a].mean():.1f}% vs {100 * table[b].mean():.1f}%; {a_only}/{b_only} (items only "

@@ -147,6 +147,16 @@ def equivalence_claim(claim, paper, measure, test, effect, ci, p_tost, n, eviden
     return row
 
 
+def read_by_tango(row: Verdict, first_only: int, second_only: int, margin: float) -> Verdict:
+    """An equivalence row on n paired pass/fail items read by Tango's TOST within ±margin: its p, its 90%
+    interval (the verdict's) and the items its exact power needs at the observed discordance."""
+    n = row.n
+    row.p, row.margin = inf.tango_tost(first_only, second_only, n, margin), margin
+    row.tost_lo, row.tost_hi = inf.tango_interval(first_only, second_only, n, 0.90)
+    row.items_needed = inf.tango_items_needed((first_only + second_only) / n, margin)
+    return row
+
+
 def decide(row: Verdict) -> Verdict:
     """The verdict from the Holm-adjusted p (exact checks and unmeasured rows keep theirs)."""
     if row.kind == "exact" or row.verdict == "not measured" or row.p_holm is None:
