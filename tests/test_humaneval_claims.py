@@ -232,6 +232,8 @@ def test_the_committed_humaneval_cell_gives_the_documented_verdicts_conditions_a
     seams = pd.read_csv(folder / report.SEAMS, keep_default_na=False)
     matched_calls = int((calls["condition"] == "token-matched-dense").sum())
     assert ((seams["calls"] / seams["share_of_calls"]).round() == matched_calls).all()
+    # 140 tasks of four calls, none whose reuse-path ids are the template's
+    assert report.seams_said(calls) == "token-matched-dense's 560 calls; ids identical to Dense's on 0"
     shown = "\n".join(
         [
             report.partial_text(items, run.settings),

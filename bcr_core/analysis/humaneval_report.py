@@ -122,7 +122,7 @@ def code_span(text: str) -> str:
 
 
 def seam_table(run: RunFolder) -> pd.DataFrame | None:
-    """Seam counts over token-matched Dense's calls (any condition's where it did not run), from id lists."""
+    """Seam counts over token-matched Dense's calls (`seamed_condition`), from id lists."""
     calls = run.calls()
     if not calls or "merged_ids" not in calls[0]:
         return None
@@ -130,14 +130,22 @@ def seam_table(run: RunFolder) -> pd.DataFrame | None:
 
     from bcr_core.engine.models import resolve
 
-    conditions = list(dict.fromkeys(c["condition"] for c in calls))
-    own = "token-matched-dense" if "token-matched-dense" in conditions else conditions[0]
+    own = seamed_condition(pd.DataFrame(calls))
     chosen = [c for c in calls if c["condition"] == own]
     rows = seams.seam_rows(chosen, AutoTokenizer.from_pretrained(resolve(run.model)))
-    table = seams.seam_counts(rows, len(chosen))
-    alike = sum(c["dense_ids"] == c["merged_ids"] for c in chosen)
-    table.attrs["said"] = f"{own}'s {len(chosen)} calls; ids identical to Dense's on {alike}"
-    return table
+    return seams.seam_counts(rows, len(chosen))
+
+
+def seamed_condition(calls: pd.DataFrame) -> str:
+    """The condition whose calls the seams are counted on: token-matched Dense, any other where it did not run."""
+    conditions = list(dict.fromkeys(calls["condition"]))
+    return "token-matched-dense" if "token-matched-dense" in conditions else conditions[0]
+
+
+def seams_said(calls: pd.DataFrame) -> str:
+    """Whose calls the seam table counts, how many, and on how many the reuse path's ids are Dense's."""
+    own = calls[calls["condition"] == seamed_condition(calls)]
+    return f"{own['condition'].iloc[0]}'s {len(own)} calls; ids identical to Dense's on {int(own['ids_match'].sum())}"
 
 
 def partial_text(items: pd.DataFrame, settings: dict) -> str:
@@ -168,9 +176,10 @@ def main(folders: list[str]) -> None:
         found = seam_table(run)
         if found is not None:
             write_text_whole(folder / SEAMS, found.to_csv(index=False))
-            print(f"Seams ({found.attrs['said']}):\n\n{seams_markdown(found)}\n")
+            print(f"Seams ({seams_said(calls)}):\n\n{seams_markdown(found)}\n")
         elif (folder / SEAMS).is_file():
-            print(f"Seams (committed):\n\n{seams_markdown(pd.read_csv(folder / SEAMS, keep_default_na=False))}\n")
+            committed = pd.read_csv(folder / SEAMS, keep_default_na=False)
+            print(f"Seams ({seams_said(calls)}; committed):\n\n{seams_markdown(committed)}\n")
         same_model = synthetic.get(claims_report.model_of(folder)) if synthetic else None
         if same_model is not None:
             print(workload.workload_line(claims_report.compute(same_model)["verdicts"], table) + "\n")
