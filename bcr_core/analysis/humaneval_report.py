@@ -121,18 +121,17 @@ def code_span(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
-def seam_table(run: RunFolder) -> pd.DataFrame | None:
-    """Seam counts over token-matched Dense's calls (`seamed_condition`), from id lists."""
-    calls = run.calls()
-    if not calls or "merged_ids" not in calls[0]:
+def seam_table(model: str, calls: pd.DataFrame) -> pd.DataFrame | None:
+    """Seam counts over token-matched Dense's calls (`seamed_condition`), from their id lists (None for a
+    committed folder, whose calls keep only counts)."""
+    if calls.empty or "merged_ids" not in calls:
         return None
     from transformers import AutoTokenizer
 
     from bcr_core.engine.models import resolve
 
-    own = seamed_condition(pd.DataFrame(calls))
-    chosen = [c for c in calls if c["condition"] == own]
-    rows = seams.seam_rows(chosen, AutoTokenizer.from_pretrained(resolve(run.model)))
+    chosen = calls[calls["condition"] == seamed_condition(calls)].to_dict("records")
+    rows = seams.seam_rows(chosen, AutoTokenizer.from_pretrained(resolve(model)))
     return seams.seam_counts(rows, len(chosen))
 
 
@@ -144,8 +143,9 @@ def seamed_condition(calls: pd.DataFrame) -> str:
 
 def seams_said(calls: pd.DataFrame) -> str:
     """Whose calls the seam table counts, how many, and on how many the reuse path's ids are Dense's."""
-    own = calls[calls["condition"] == seamed_condition(calls)]
-    return f"{own['condition'].iloc[0]}'s {len(own)} calls; ids identical to Dense's on {int(own['ids_match'].sum())}"
+    name = seamed_condition(calls)
+    own = calls[calls["condition"] == name]
+    return f"{name}'s {len(own)} calls; ids identical to Dense's on {int(own['ids_match'].sum())}"
 
 
 def partial_text(items: pd.DataFrame, settings: dict) -> str:
@@ -173,7 +173,7 @@ def main(folders: list[str]) -> None:
         write_text_whole(folder / "verdicts.csv", table.to_csv(index=False))
         print(f"## {folder} ({run.model})\n\n{partial_text(items, run.settings)}{markdown(table)}\n")
         print(f"Every condition (description):\n\n{conditions_markdown(conditions_table(items, calls))}\n")
-        found = seam_table(run)
+        found = seam_table(run.model, calls)
         if found is not None:
             write_text_whole(folder / SEAMS, found.to_csv(index=False))
             print(f"Seams ({seams_said(calls)}):\n\n{seams_markdown(found)}\n")
