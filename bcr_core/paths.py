@@ -6,7 +6,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -65,6 +65,27 @@ def all_written_whole(paths: list[Path]) -> Iterator[list[Path]]:
         if isinstance(err, OSError) and err.errno in REFUSED:
             raise write_error(paths, err) from None
         raise
+
+
+@contextmanager
+def held_exclusively(lock: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """An exclusive `flock` on the file `lock` for the block: processes doing the same first-time work (two
+    lanes converting a model into an empty cache, two kernels rebuilding shared caches) take turns, and the
+    later ones find the work done. `on_wait` is called once when another process holds it."""
+    import fcntl
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def write_text_whole(path: Path, text: str) -> None:

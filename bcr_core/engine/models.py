@@ -38,7 +38,7 @@ from bcr_core.engine.assets import (
     fetch_split,
     sha256_of,
 )
-from bcr_core.paths import written_whole
+from bcr_core.paths import held_exclusively, written_whole
 
 DEFAULT_MODEL = "default"
 DEFAULT_ALIASES = {"default", "smollm2-135m", "smollm2-135m-instruct"}
@@ -158,7 +158,9 @@ def converted_dir(label: str, name: str, files: dict[str, str], convert) -> Path
             f"{label} in {target} needs converting ({', '.join(found)}), but the cache "
             "is read-only: set BCR_CACHE to a writable folder"
         )
-    convert(target)
+    with held_exclusively(target.with_name(f".{name}.lock")):  # processes starting at once: one converts
+        if mismatches(target, files) if target.exists() else True:
+            convert(target)
     found = mismatches(target, files)
     if found:
         raise ModelError(

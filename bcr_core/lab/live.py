@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bcr_core.errors import UsageError
+from bcr_core.paths import held_exclusively
 
 PRELOAD = "BCR_PRELOAD_MODEL"  # set (by `bcr explore --participants`): load the model as soon as the explorer is drawn
 
@@ -83,27 +84,20 @@ class LiveCaches:
     def rebuild_or_read(self, say: Callable[[str], None]) -> None:
         """Read the shared caches where another kernel wrote them, else rebuild and write them (under an
         exclusive lock, so a kernel that would rebuild at the same time waits and reads them)."""
-        import fcntl
 
-        self.shared.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.shared.with_suffix(".lock"), "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                say("waiting for the assembled caches another page is rebuilding …")
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if self.shared.is_file():
-                    say("reading the assembled caches another page rebuilt …")
-                    try:
-                        read_caches(self.inspection, self.shared)
-                        return
-                    except (UsageError, RuntimeError, KeyError, ValueError):  # torn or stale: rebuild it
-                        pass
-                self.rebuild(say)
-                write_caches(self.inspection, self.shared)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        def waiting() -> None:
+            say("waiting for the assembled caches another page is rebuilding …")
+
+        with held_exclusively(self.shared.with_suffix(".lock"), on_wait=waiting):
+            if self.shared.is_file():
+                say("reading the assembled caches another page rebuilt …")
+                try:
+                    read_caches(self.inspection, self.shared)
+                    return
+                except (UsageError, RuntimeError, KeyError, ValueError):  # torn or stale: rebuild it
+                    pass
+            self.rebuild(say)
+            write_caches(self.inspection, self.shared)
 
     def rebuild(self, say: Callable[[str], None]) -> None:
         from bcr_core.lab.comparisons import Comparison

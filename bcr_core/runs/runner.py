@@ -63,6 +63,7 @@ def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> 
     scored = benchmarks.score(cell.benchmark, request.final_text, item)
     calls = request.calls
     strictness = {key: bool(scored[key]) for key in ("correct_strict", "correct_lenient") if key in scored}
+    checker = {"result": scored["result"]} if "result" in scored else {}  # HumanEval's: why an item failed
     measured = [c.fidelity for c in calls if c.fidelity]
     fidelity = (
         {
@@ -79,6 +80,7 @@ def item_record(cell: Cell, condition: str, index: int, item: dict, request) -> 
         "index": index,
         "correct": bool(scored["correct"]),
         **strictness,
+        **checker,
         "answer": scored.get("answer"),
         "final_text": request.final_text,
         "reuse_rate": request.reuse_rate,
@@ -107,6 +109,14 @@ def check_confirmation(cell: Cell, out: Path) -> None:
         from bcr_core.paths import RESULTS
 
         check_fresh(cell.record(), RESULTS, str(out))
+
+
+def check_before_run(bb, cell: Cell, out: Path) -> None:
+    """What must hold before a run spends anything: its grader runs here (HumanEval's sandbox), the model
+    is served in the cell's dtype, and a confirmation's items are fresh."""
+    benchmarks.check_grader(cell.benchmark)
+    check_served_dtype(bb, cell)
+    check_confirmation(cell, out)
 
 
 def make_servers(bb, cell: Cell, batch: int, prefix_prefills: bool, share_log_probs: bool):
@@ -172,9 +182,8 @@ def run_cell(
     (batch > 1) answers a decode request identical to one decoded before with its tokens
     (`lanes.SharedDecodes`), on unless turned off to measure it.
     """
+    check_before_run(bb, cell, out)
     items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
-    check_served_dtype(bb, cell)
-    check_confirmation(cell, out)
     files = RunFiles(out, cell)
     try:
         pipeline = Pipeline(
