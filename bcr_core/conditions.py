@@ -26,7 +26,7 @@ from bcr_core.repair.layouts import RANKS, SKIP_RULES, LayoutConfig, layout
 from bcr_core.repair.opengate import OpenGateServer
 from bcr_core.repair.selectors import SELECTORS, CoinSelector, Selector
 from bcr_core.reuse.anchors import ASSEMBLIES, KVCommConfig
-from bcr_core.reuse.servers import DenseServer, KVCommServer
+from bcr_core.reuse.servers import DenseAgainServer, DenseServer, KVCommServer
 from bcr_core.setting_kinds import Float, Int, Str
 from bcr_core.spec_grammar import Family, Option, Spec
 
@@ -232,6 +232,10 @@ def repair_definition(selector: str, layout_name: str, options: dict, about: str
 
 DEFINITIONS: dict[str, Definition] = {
     "dense": Definition(lambda bb, c: DenseServer(bb), about="every call prefilled from scratch (the reference)"),
+    "dense-again": Definition(
+        lambda bb, c: DenseAgainServer(bb),
+        about="Dense again, served as the serial conditions are: agreement with Dense is the instrument's floor",
+    ),
     "token-matched-dense": Definition(
         lambda bb, c: DenseServer(bb, token_matched=True), about="Dense on the reuse path's ids (§4.3)"
     ),

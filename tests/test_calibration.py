@@ -162,3 +162,5 @@ def test_the_qwen_coders_dtype_check_is_its_records():
         for name in ("code-384", "code-384-float32")
     }
     assert (cells["code-384"].dtype, cells["code-384-float32"].dtype) == ("bfloat16", "float32")
+    for folder in root.glob("*/cell.json"):  # each says its precision itself, not by a reader's default
+        assert json.loads(folder.read_text())["dtype"] in ("bfloat16", "float32"), folder

@@ -526,3 +526,15 @@ def test_the_committed_qwen_coder_grid_gives_the_documented_three_model_transfer
     shown_in = (CHECKOUT / "docs" / "results.md").read_text()
     for text in shown.splitlines():
         assert text in shown_in, text
+
+
+def test_the_grid_prints_a_kl_p_at_its_resampling_floor_as_a_bound():
+    """A sign-flip p at its floor (1 / (R + 1)) is a bound, not a value: the grid's KL p column prints it as the
+    verdict tables do ("< 5e-05"), and a p above the floor as it is."""
+    from bcr_core.analysis.inference import sign_flip
+    from bcr_core.analysis.summary import KL_RESAMPLES
+
+    floor = sign_flip([0.01] * 40, resamples=KL_RESAMPLES)  # every item the same sign: no flip reaches it
+    assert floor == pytest.approx(1 / (KL_RESAMPLES + 1))
+    assert claims_report.kl_p_text(floor) == "< 5e-05"
+    assert claims_report.kl_p_text(0.34) == "0.34" and claims_report.kl_p_text(float("nan")) == ""

@@ -89,3 +89,16 @@ def test_the_committed_confirmation_gives_the_documented_verdicts():
     shown_in = (CHECKOUT / "docs" / "results.md").read_text()
     for line in claims_report.markdown(table).splitlines()[:4]:
         assert line in shown_in, line
+
+
+def test_a_confirmation_overlapping_a_pilots_items_from_another_first_item_is_refused(tmp_path):
+    """Freshness compares the items read, not the draws: a HumanEval confirmation from item 100 reads items
+    100-139 of a pilot of items 0-139 (their draws differ: first 100 against first 0), and is refused; one
+    from item 140 reads none of them."""
+    pilot = {"benchmark": "humaneval", "n_agents": 3, "conditions": ["dense"], "n": 140, "model": "qwen2.5-coder-0.5b"}
+    (tmp_path / "root" / "pilot").mkdir(parents=True)
+    (tmp_path / "root" / "pilot" / "cell.json").write_text(json.dumps(pilot | {"extra": {}}))
+    overlapping = pilot | {"n": 40, "extra": {"first": 100}, "confirms": PLANNED}
+    with pytest.raises(UsageError, match="reads 40 of its 40 items that .*pilot"):
+        confirmation.check_fresh(overlapping, tmp_path / "root", "confirm")
+    confirmation.check_fresh(pilot | {"n": 24, "extra": {"first": 140}, "confirms": PLANNED}, tmp_path / "root", "c")

@@ -304,3 +304,26 @@ def test_first_item_serves_a_later_slice_and_older_folders_keep_their_identity(t
     run_writer.check_folder(old, Cell(**settings, model="gemma-3-270m"))
     with pytest.raises(UsageError, match="holds a run with other settings"):
         run_writer.check_folder(old, Cell(**settings, model="gemma-3-270m", first_item=5))
+
+
+def test_dense_served_again_as_the_serial_conditions_are_is_dense_token_for_token(tiny_chat, tmp_path):
+    """`dense-again` is Dense recomputed (its own prefills and decodes, never Dense's shared ones) in the
+    serial conditions' arrangement; under batch-invariant decoding its every call is Dense's, so the floor of
+    every agreement measure reads 100%."""
+    cell = Cell(
+        benchmark="synthetic",
+        agents=2,
+        n=5,
+        max_new_tokens=10,
+        item_seed=3,
+        conditions=("dense", "kvcomm@1", "dense-again", "coin-single@0.3:gamma=1,seed=1"),
+    )
+    items = run_cell(tiny_chat, cell, tmp_path, progress=False, batch=3)
+    calls = run_writer.read_jsonl(tmp_path / "calls.jsonl")
+    tokens = {(c["condition"], c["item_id"], c["node"]): c["output_tokens"] for c in calls}
+    again = {key[1:]: value for key, value in tokens.items() if key[0] == "dense-again"}
+    assert len(again) == 5 * 3 and again == {key[1:]: v for key, v in tokens.items() if key[0] == "dense"}
+    table = condition_table(items, reference="kvcomm@1").set_index("condition")
+    assert table.loc["dense-again", "agrees_dense"] == 1.0
+    servers, _ = runner.make_servers(tiny_chat, cell, 3, prefix_prefills=False, share_log_probs=True)
+    assert servers["dense-again"].prefills is None and servers["dense"].prefills is not None

@@ -20,7 +20,7 @@ import pandas as pd
 from bcr_core.analysis import claims, claims_grid, confirmation, monte_carlo
 from bcr_core.analysis import transfer as transfer_test
 from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, MIN_EFFECT, REPAIR_MARGIN
-from bcr_core.analysis.summary import GRID, condition_table
+from bcr_core.analysis.summary import GRID, KL_RESAMPLES, condition_table
 from bcr_core.errors import UsageError
 from bcr_core.paths import RESULTS, all_written_whole, write_text_whole
 from bcr_core.run_folder import RunFolder, run_folders
@@ -164,6 +164,11 @@ def number(value, digits: int = 1, scale: float = 1.0) -> str:
     return "" if pd.isna(value) else f"{scale * value:.{digits}f}"
 
 
+def kl_p_text(p) -> str:
+    """The grid's KL p: a sign-flip p, so at its resampling floor a bound ("< 5e-05"), as the verdicts print it."""
+    return monte_carlo.p_text(p, KL_RESAMPLES)
+
+
 def grid_markdown(table: pd.DataFrame) -> str:
     """The grid table as docs/results.md shows it: per-item measures first, per-call ones as description."""
     lines = [
@@ -180,7 +185,7 @@ def grid_markdown(table: pd.DataFrame) -> str:
             f"{number(r.agrees_dense, 1, 100)} | {number(r.kl_per_item, 4)} | {r.reuse_calls} | "
             f"{number(r.first_token_agree, 1, 100)} | {number(r.kl_reuse_calls, 4)} | "
             f"{r.rows_per_reuse_call:.1f} ({100 * r.rows_share:.1f}%) | {r.rows_wasted_per_call:.1f} | {split} | "
-            f"{p_text(getattr(r, 'p_exact', None))} | {p_text(getattr(r, 'kl_p_vs_reference', None))} |"
+            f"{p_text(getattr(r, 'p_exact', None))} | {kl_p_text(getattr(r, 'kl_p_vs_reference', None))} |"
         )
     return "\n".join(lines)
 

@@ -8,8 +8,8 @@ and `bcr report claims` reads it beside the pilot. The rules, fixed with the pla
 - a folder holding fewer than the planned n items of any condition it reads is "incomplete": no test, no
   verdict (a confirmation is read once, at its planned size; reading it as it grows is optional stopping);
 - one holding more is read on the first n (in item order);
-- its items must be fresh: a folder whose item draw equals that of a committed run of the same model and
-  benchmark that is not a confirmation is refused (`check_fresh`).
+- its items must be fresh: a folder that reads any item a committed run of the same model and benchmark
+  read, that run not a confirmation, is refused (`check_fresh`; the items compared, not their draws).
 """
 
 from __future__ import annotations
@@ -30,24 +30,32 @@ def is_confirmation(run: RunFolder) -> bool:
     return bool(run.settings.get("confirms"))
 
 
-def item_draw(settings: dict) -> tuple:
-    """What decides a folder's items: model, benchmark, and its item draw (the seed, the first item)."""
-    return (
-        settings.get("model", "default"),
-        settings.get("benchmark"),
-        tuple(sorted((settings.get("extra") or {}).items())),
-    )
+def items_read(settings: dict) -> tuple[tuple, frozenset[str]]:
+    """(model and benchmark, the ids of the items the folder's settings draw): what decides whether two
+    folders read the same items, whatever their seeds or first items say (a confirmation from item 100 reads
+    items 100-139 of a pilot of items 0-139)."""
+    from bcr_core.data.benchmarks import load_items
+
+    draw = dict(settings.get("extra") or {})
+    first = int(draw.pop("first", 0))
+    ids = frozenset(str(item["id"]) for item in load_items(settings["benchmark"], settings.get("n"), first, **draw))
+    return (settings.get("model", "default"), settings.get("benchmark")), ids
 
 
 def check_fresh(settings: dict, root: Path, where: str) -> None:
-    """Refuse a confirmation whose items a committed non-confirmation run under `root` read, naming it."""
-    mine = item_draw(settings)
+    """Refuse a confirmation any of whose items a committed non-confirmation run under `root` read, naming it."""
+    source, mine = items_read(settings)
     for run in run_folders(root):
-        if not is_confirmation(run) and item_draw(run.settings) == mine:
+        if is_confirmation(run) or run.settings.get("benchmark") != settings.get("benchmark"):
+            continue
+        theirs_from, theirs = items_read(run.settings)
+        shared = mine & theirs if theirs_from == source else frozenset()
+        if shared:
             seed = (settings.get("extra") or {}).get("seed", 0)
             raise UsageError(
-                f"{where}: a confirmation on item seed {seed}, which {run.path} (a pilot) read: a confirmation "
-                "runs on items no committed run of the model read (`bcr plan` picks them)"
+                f"{where}: a confirmation on item seed {seed} reads {len(shared)} of its {len(mine)} items that "
+                f"{run.path} (a pilot) read: a confirmation runs on items no committed run of the model read "
+                "(`bcr plan` picks them)"
             )
 
 

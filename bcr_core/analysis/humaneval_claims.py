@@ -50,6 +50,7 @@ from bcr_core.conditions import find, parse
 PAPER = "§4, Table 4(d)"
 HUMANEVAL_MARGIN = 0.04  # Table 4(d): "every condition's average sits inside four points"
 ABSENT_BELOW = MIN_EFFECT  # a tax whose 95% interval lies below 3 pts of code agreement is absent
+KL_EFFECT_SHARE = 0.1  # the smallest KL gain of interest, for prospective power: a tenth of KVComm's KL
 PLAN = {  # which measure decides each row, fixed before the cell runs
     "reuse costs nothing on HumanEval": "correct",
     "no repair damages HumanEval": "correct",
@@ -76,7 +77,7 @@ def tost_row(items, calls, claim, measure, a, b) -> Verdict:
     both, a_only, b_only, neither = inf.table_of(table[a] == 1, table[b] == 1)
     test = f"{a} vs {b}: per-item difference within ±{100 * HUMANEVAL_MARGIN:g} pts, TOST by Tango's score tests"
     row = Verdict(claim, PAPER, measure, test, "undecided", float(d.mean()), n=len(d), kind="equivalence")
-    row.ci_lo, row.ci_hi = inf.paired_difference_ci(both, a_only, b_only, neither)
+    row.ci_lo, row.ci_hi = inf.tango_interval(a_only, b_only, len(d), 0.95)  # effect, interval and p: one test
     read_by_tango(row, a_only, b_only, HUMANEVAL_MARGIN)
     row.per_item = d
     row.evidence = (
@@ -157,7 +158,9 @@ def humaneval_verdicts(
     if have(bcr, kvcomm):
         table = paired(items, "kl_mean", bcr, kvcomm).astype(float)
         test = "BCR-chunk vs KVComm: per-item KL(KVComm) - KL(BCR-chunk), sign-flip over items"
-        row = mean_claim("BCR-chunk beats KVComm", "§4.3, Table 5a", "kl_mean", test, table[kvcomm] - table[bcr])
+        target = KL_EFFECT_SHARE * table[kvcomm].mean()  # prospective power at a tenth of KVComm's KL
+        gain = table[kvcomm] - table[bcr]
+        row = mean_claim("BCR-chunk beats KVComm", "§4.3, Table 5a", "kl_mean", test, gain, target=target)
         row.evidence, row.rows = beside(items, bcr, kvcomm), rows_text(calls, bcr, kvcomm, table.index)
         if have(matched):  # the share of the approximation's KL (KVComm's over token-matched Dense's) it recovers
             row.evidence += "; " + tax.recovered_text(items, matched, kvcomm, bcr, "kl_mean")

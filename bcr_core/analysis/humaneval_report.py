@@ -13,12 +13,15 @@ from pathlib import Path
 import pandas as pd
 
 from bcr_core.analysis import claims_report, seams, workload
+from bcr_core.analysis.factorial import factorial_conditions, factorial_markdown, factorial_table
 from bcr_core.analysis.humaneval_claims import HUMANEVAL_MARGIN, PLAN, humaneval_verdicts, with_code_agreement
 from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES
+from bcr_core.conditions import parse
 from bcr_core.paths import write_text_whole
 from bcr_core.run_folder import RunFolder
 
 SEAMS = "seams.csv"
+NO_REUSE_PATH = ("dense", "dense-again")  # conditions that serve the template's ids only
 NAMES = MEASURES | {"correct": "pass@1"}  # a HumanEval item is correct when its code passes the unit tests
 
 
@@ -60,8 +63,9 @@ def conditions_table(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     }
     table = items.groupby("condition", sort=False).agg(**{k: v for k, v in wanted.items() if v[0] in items})
     by_condition = calls.groupby("condition", sort=False)
-    if "ids_match" in calls:
-        table["ids_as_dense"] = by_condition["ids_match"].mean()
+    if "ids_match" in calls:  # a condition that never takes the reuse path's ids has no such share
+        shares = by_condition["ids_match"].mean()
+        table["ids_as_dense"] = shares.where([parse(c).name not in NO_REUSE_PATH for c in shares.index])
     reuse = calls[calls["reason"] == "reuse"].groupby("condition") if "reason" in calls else None
     if reuse is not None and {"rows_recomputed", "rows_wasted"} <= set(calls):
         table["rows_per_reuse_call"] = reuse["rows_recomputed"].mean()
@@ -173,6 +177,10 @@ def main(folders: list[str]) -> None:
         write_text_whole(folder / "verdicts.csv", table.to_csv(index=False))
         print(f"## {folder} ({run.model})\n\n{partial_text(items, run.settings)}{markdown(table)}\n")
         print(f"Every condition (description):\n\n{conditions_markdown(conditions_table(items, calls))}\n")
+        cells = factorial_conditions(list(dict.fromkeys(items["condition"])))
+        if cells is not None:
+            square = factorial_table(with_code_agreement(items, "dense"), cells)
+            print(f"The tax as the 2x2 the cell holds (description):\n\n{factorial_markdown(square)}\n")
         found = seam_table(run.model, calls)
         if found is not None:
             write_text_whole(folder / SEAMS, found.to_csv(index=False))

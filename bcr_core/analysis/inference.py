@@ -320,8 +320,10 @@ def mean_items_needed_at(differences, effect: float, alpha: float = ALPHA, power
     spread of the observed per-item differences (normal approximation to the test's null
     distribution, n = ((z_{a/2} + z_b) sd / effect)^2): prospective, not at the observed mean."""
     d = np.asarray(differences, float)
-    if d.size < 2 or effect == 0 or d.std(ddof=1) == 0:
+    if d.size < 2 or effect == 0:
         return None
+    if constant(d):  # no spread: the sign-flip's own floor decides, 2 / 2^n < alpha (as `mean_items_needed`)
+        return math.ceil(math.log2(2 / alpha))
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
     return math.ceil((z * d.std(ddof=1) / abs(effect)) ** 2)
 

@@ -23,6 +23,8 @@ from bcr_core.conditions import find
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
 
+KL_RESAMPLES = 20_000  # sign flips behind the KL p: its floor is 1 / 20,001, printed as a bound
+
 COLUMNS = {
     "condition": "the condition's label as recorded",
     "n": "items every condition of the table finished (every comparison is paired)",
@@ -246,5 +248,5 @@ def split_columns(wide: pd.DataFrame, kl: pd.DataFrame | None, reference: str, c
         return {"only_reference_right": np.nan, "only_condition_right": np.nan, "p_exact": np.nan}
     split = paired_split(wide[reference], wide[condition])
     if kl is not None:
-        split["kl_p_vs_reference"] = sign_flip(kl[condition] - kl[reference])
+        split["kl_p_vs_reference"] = sign_flip(kl[condition] - kl[reference], resamples=KL_RESAMPLES)
     return split

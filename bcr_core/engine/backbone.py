@@ -39,6 +39,7 @@ from bcr_core import paper
 from bcr_core.engine.architectures import CONFIG_PREFIX, check_architecture, config_only, config_tokenizer_dir
 from bcr_core.engine.capacity import kv_shape
 from bcr_core.engine.chat import render_messages
+from bcr_core.engine.invariance import invariant_decoding
 from bcr_core.engine.kernels import BLOCKED, DISPATCH, QUERY_BLOCK, kernel, key_extents, key_grid
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
@@ -121,6 +122,8 @@ class Backbone:
         self.model.set_attn_implementation(DISPATCH)  # the kernel is chosen per thread (`kernels.kernel`)
         self.rotations = layer_rotations(model)
         self.steps = Steps(self)
+        self.batch_invariant = True  # decode steps batch-invariant where they can be (`engine.invariance`)
+        self.decode_rows = 8  # rows of each matrix product in a decode step (`engine.invariance`)
 
     @classmethod
     def load(
@@ -313,7 +316,7 @@ class Backbone:
         steps = max_new_tokens if forced is None else len(forced)
         position, token = kv.next_position, int(last_id)
         tokens, logits, first_token_at, stopped = [], [], None, False
-        with self.steps.lock:
+        with self.steps.lock, invariant_decoding(self):
             slab = self.steps.slab(kv, room=steps)
             for step in range(steps):
                 step_logits = self.steps(slab, [token], position)[0][0]

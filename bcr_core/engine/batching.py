@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bcr_core.engine.backbone import Backbone, Generation
+from bcr_core.engine.invariance import invariant_decoding
 from bcr_core.engine.kv import KV, cache_over
 from bcr_core.engine.stopping import StopRule
 from bcr_core.engine.windows import mask_argument
@@ -86,15 +87,16 @@ class BatchDecoder:
         cache = cache_over(self.keys, self.values)
         self.keys = self.values = []  # the cache owns them now: each layer's old copy is freed as it grows
         self.visible = torch.cat([self.visible, self.visible.new_ones(len(self.rows), 1)], dim=1)
-        mask = None if bool(self.visible.all()) else self._padding_mask()
-        out = self.bb.model(
-            input_ids=self.token[:, None],
-            position_ids=self.position[:, None],
-            attention_mask=mask,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        mask = self._padding_mask()  # always: a kernel without a mask builder of HF's would drop the windows
+        with invariant_decoding(self.bb):
+            out = self.bb.model(
+                input_ids=self.token[:, None],
+                position_ids=self.position[:, None],
+                attention_mask=mask,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         now = time.perf_counter()
         self.keys = [layer.keys for layer in cache.layers]
         self.values = [layer.values for layer in cache.layers]

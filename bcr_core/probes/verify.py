@@ -6,7 +6,8 @@
    own attention kernel (`Backbone.reference_prefill`): on a GPU in half precision the model's default
    causal kernel rounds differently from the repair's masked query blocks, and that difference, which
    greedy decoding amplifies, says nothing about the repair. How far the default kernel's Dense lies from
-   it is reported beside (`kernel_max_abs_err`), and in fp32 held to the re-rotation tolerance.
+   it is reported beside (`kernel_max_abs_err`), and in fp32 held to a tolerance that scales with the values
+   compared (`kernel_tolerance`): rounding through every layer in another summation order, not a wrong kernel.
 2. Re-rotation round trip: keys moved by +d then -d come back to float tolerance.
 3. Placement: a prefix-free cache moved to offset d matches, at layer 0, a dense prefill of the
    same tokens behind a d-token prefix (layer 0 depends only on token and position).
@@ -41,6 +42,7 @@ class VerifyReport:
     rerotation_tolerance: float
     dtype: str
     kernel_max_abs_err: float  # Dense through the model's default kernel vs through the repair's
+    kernel_tolerance: float  # what fp32 holds it to: a share of the largest key or value compared
     unrepaired_token_identical: bool  # informational: the corruption should usually change the answer
     corruption_max_abs_err: float  # how wrong the corrupted cache's values were
     repair_max_abs_err: float  # fully repaired cache vs Dense through the same kernel, all layers: 0 when exact
@@ -54,7 +56,7 @@ class VerifyReport:
             and self.repair_max_abs_err == 0.0
             and self.tokens_compared >= MIN_TOKENS_COMPARED
             and self.rerotation_max_abs_err <= self.rerotation_tolerance
-            and (self.dtype != "float32" or self.kernel_max_abs_err <= self.rerotation_tolerance)
+            and (self.dtype != "float32" or self.kernel_max_abs_err <= self.kernel_tolerance)
         )
 
     def to_dict(self) -> dict:
@@ -68,6 +70,15 @@ def rerotation_tolerance(dtype: torch.dtype, largest_key: float) -> float:
     """1e-3 in fp32; in half precision a few roundings at the keys' own scale (bf16 keeps 8 bits, so one
     rounding of a key near 10 is 0.06): a wrong rotation moves keys by their own size."""
     return 1e-3 if dtype == torch.float32 else ROUNDINGS * torch.finfo(dtype).eps * largest_key
+
+
+KERNEL_SHARE = 1e-3  # of the largest key or value: two kernels' rounding through every layer reached 6e-5 of it
+# (Gemma 3 270M, 581 rows, float32, an AMD EPYC); a kernel attending to the wrong rows moves values by their size
+
+
+def kernel_tolerance(largest: float) -> float:
+    """How far Dense through the default kernel may lie from Dense through the repair's, in fp32."""
+    return KERNEL_SHARE * largest
 
 
 def verify(backbone: Backbone, prompt: str = DEFAULT_PROMPT, new_tokens: int = 32) -> VerifyReport:
@@ -98,6 +109,7 @@ def verify(backbone: Backbone, prompt: str = DEFAULT_PROMPT, new_tokens: int = 3
         rerotation_tolerance=rerotation_tolerance(bb.dtype, float(dense.keys.abs().max())),
         dtype=str(bb.dtype).removeprefix("torch."),
         kernel_max_abs_err=max_abs(dense.keys, reference.keys, dense.values, reference.values),
+        kernel_tolerance=kernel_tolerance(max(float(reference.keys.abs().max()), float(reference.values.abs().max()))),
         unrepaired_token_identical=from_corrupted == from_reference,
         corruption_max_abs_err=max_abs(corrupted.values, reference.values),
         repair_max_abs_err=max_abs(repaired.keys, reference.keys, repaired.values, reference.values),

@@ -195,12 +195,17 @@ class Server(ABC):
     - `share_caches(caches)`: take a shared store of exact segment caches (`segments.SegmentCaches`);
       a server that reads none ignores it (the default).
 
+    - `shares_work`: True (the default) lets a batched run hand the server another server's dense prefill
+      of the same ids and its decode (`SharedPrefills`, `lanes.SharedDecodes`); False keeps all its work
+      its own (`dense-again`, whose point is to compute again).
+
     Set `trace` to keep a `Trace` on every call served from an assembled cache. Set `prefills` (a
     `segments.SharedPrefills`) to take dense prefills of ids another server already prefilled."""
 
     bb: Backbone
     name: str
     stateless: bool = False
+    shares_work: bool = True  # may take another server's dense prefill and decode of the same ids (batched runs)
     trace: bool = False
     prefills = None
 

@@ -53,6 +53,21 @@ class DenseServer(Server):
         )
 
 
+class DenseAgainServer(DenseServer):
+    """Dense served again, the way the serial conditions are served: its items one after another in order
+    (not stateless, so the batched runner serves it as it serves KVComm), every prefill and decode its own
+    (`shares_work` off: never another condition's prefill or tokens). Its agreement with Dense is the
+    instrument's floor: what an agreement measure reads when nothing but the serving arrangement changed.
+    Under batch-invariant decoding (`engine.invariance`) it reads 100%."""
+
+    stateless = False
+    shares_work = False
+
+    def __init__(self, bb: Backbone):
+        super().__init__(bb)
+        self.name = "dense-again"
+
+
 class KVCommServer(Server):
     """The reuse baseline: anchor pool, entropy gate, offset prediction, dense fallback."""
 

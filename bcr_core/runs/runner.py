@@ -132,7 +132,8 @@ def make_servers(bb, cell: Cell, batch: int, prefix_prefills: bool, share_log_pr
     if batch > 1:  # at batch size 1 every call pays its own prefill, so its TTFT stays a latency
         prefills = PrefixPrefills(bb) if prefix_prefills else SharedPrefills(bb)
         for server in [*servers.values(), *([reference] if reference else [])]:
-            server.prefills = prefills
+            if server.shares_work:
+                server.prefills = prefills
     return servers, reference
 
 
