@@ -102,3 +102,13 @@ def test_the_report_prints_the_square_as_docs_show_it(items):
     assert lines[2].startswith("| ids, exact cache (the tax: token-matched - Dense) | +1.4 [")
     assert "| +0.0004 [+0.0003, +0.0005] | +28.6 [" in lines[2]
     assert lines[-1].startswith("On 140 items")
+
+
+def test_docs_show_the_square_the_report_prints(items):
+    """docs/results.md pastes `bcr report humaneval`'s square for the committed cell (drift check: it catches
+    docs that fell behind the records, not an error in the square)."""
+    from bcr_core.paths import CHECKOUT
+
+    shown_in = (CHECKOUT / "docs" / "results.md").read_text()
+    for line in factorial.factorial_markdown(factorial.factorial_table(items, CELLS)).splitlines():
+        assert line in shown_in, line

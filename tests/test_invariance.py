@@ -82,9 +82,12 @@ def assert_invariant(bb, caches: list, target: int, steps: int, companions: list
         assert torch.equal(got_logits, logits), f"beside {group}: logits differ by {(got_logits - logits).abs().max()}"
 
 
-def test_tiny_models_decode_alone_as_in_any_batch(tiny):
+@pytest.mark.parametrize("rows", [1, 8])
+def test_tiny_models_decode_alone_as_in_any_batch(tiny, rows, monkeypatch):
     """Caches of different lengths (left padding moves), positions not from 0, windows longer and shorter
-    than the caches (Mistral, Phi-3, Gemma 3 window their layers)."""
+    than the caches (Mistral, Phi-3, Gemma 3 window their layers); products of one row (half precision's)
+    and of eight (float32's)."""
+    monkeypatch.setattr(tiny, "decode_rows", rows)
     caches = []
     for i, n in enumerate([5, 17, 40, 33, 9, 26, 50, 12, 21]):
         ids = random_ids(n + 1, seed=10 + i)

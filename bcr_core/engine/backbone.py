@@ -39,7 +39,7 @@ from bcr_core import paper
 from bcr_core.engine.architectures import CONFIG_PREFIX, check_architecture, config_only, config_tokenizer_dir
 from bcr_core.engine.capacity import kv_shape
 from bcr_core.engine.chat import render_messages
-from bcr_core.engine.invariance import invariant_decoding
+from bcr_core.engine.invariance import decode_rows, invariant_decoding
 from bcr_core.engine.kernels import BLOCKED, DISPATCH, QUERY_BLOCK, kernel, key_extents, key_grid
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
@@ -123,7 +123,7 @@ class Backbone:
         self.rotations = layer_rotations(model)
         self.steps = Steps(self)
         self.batch_invariant = True  # decode steps batch-invariant where they can be (`engine.invariance`)
-        self.decode_rows = 8  # rows of each matrix product in a decode step (`engine.invariance`)
+        self.decode_rows = decode_rows(self.dtype)  # rows of each product in a decode step (`engine.invariance`)
 
     @classmethod
     def load(

@@ -24,6 +24,7 @@ cannot read the visible keys on the host; there decoding stays as it was (no inv
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,18 @@ from transformers import AttentionInterface
 
 from bcr_core.engine.kernels import DEFAULT_KERNEL, current_kernel, kernel
 
-ROWS = 8  # rows of every matrix product in a decode step
+ROWS = 8  # rows of every matrix product in a float32 decode step
+
+
+def decode_rows(dtype: torch.dtype) -> int:
+    """The rows of a decode step's products for a model in `dtype`: 8 in float32, where a product is bound by
+    reading the weights and eight rows cost about what one does (batching keeps most of its gain); 1 in half
+    precision, whose products a CPU without bfloat16 matrix units computes row by row anyway (measured on an
+    AMD EPYC: 1-row products kept 100% of the batch-1 decoder's speed where 8-row ones kept 12%). Either is
+    invariant: what matters is that the shape never changes (docs/performance.md)."""
+    return ROWS if dtype == torch.float32 else 1
+
+
 ROW_BY_ROW = "bcr_row_by_row_sdpa"
 
 
@@ -60,6 +72,22 @@ class FixedRowProducts(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class VisibleColumns(threading.local):
+    """Each batch row's visible key columns under one mask, found once per mask and thread: a step hands the
+    same mask to every layer of a kind, and finding them is a host sync."""
+
+    mask, columns = None, ()
+
+    def __call__(self, mask: torch.Tensor) -> list[torch.Tensor]:
+        if mask is not self.mask:
+            self.columns = [(row[0] == 0).any(0).nonzero().squeeze(1) for row in mask]
+            self.mask = mask
+        return self.columns
+
+
+visible_columns = VisibleColumns()
+
+
 def row_by_row_sdpa(
     module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
 ):
@@ -67,12 +95,12 @@ def row_by_row_sdpa(
     batch, heads, queries, dim = query.shape
     out = query.new_empty(batch, queries, heads, dim)
     gqa = heads != key.shape[1]
+    columns = None if attention_mask is None else visible_columns(attention_mask)
     for b in range(batch):
         k, v, mask = key[b : b + 1], value[b : b + 1], None
-        if attention_mask is not None:
-            visible = (attention_mask[b, 0] == 0).any(0).nonzero().squeeze(1)
-            k, v = k.index_select(2, visible), v.index_select(2, visible)
-            mask = attention_mask[b : b + 1, :, :, visible] if queries > 1 else None
+        if columns is not None:
+            k, v = k.index_select(2, columns[b]), v.index_select(2, columns[b])
+            mask = attention_mask[b : b + 1, :, :, columns[b]] if queries > 1 else None
         attended = F.scaled_dot_product_attention(query[b : b + 1], k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
         out[b] = attended[0].transpose(0, 1)
     return out, None
