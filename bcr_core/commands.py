@@ -63,7 +63,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bcr_core.analysis.summary import no_reuse_note, write_summary
+    from bcr_core.analysis.summary import floor_note, no_reuse_note, write_summary
     from bcr_core.data import benchmarks
     from bcr_core.engine.loading import load_backbone
     from bcr_core.run_folder import RunFolder
@@ -75,10 +75,11 @@ def cmd_run(args) -> int:
     cell = run.cell()  # every setting and condition checked before the model loads
     benchmarks.check_grader(cell.benchmark)  # and the grader (HumanEval's sandbox) shown to run here
     items = run_cell(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True, batch=run.batch)
-    code = print_table(write_summary(items, args.reference, args.out), args, digits=3)
-    note = no_reuse_note(RunFolder(args.out).calls(), cell.n)
-    if note:
-        print(f"bcr run: {note}", file=sys.stderr)
+    table = write_summary(items, args.reference, args.out)
+    code = print_table(table, args, digits=3)
+    for note in (floor_note(table), no_reuse_note(RunFolder(args.out).calls(), cell.n)):
+        if note:
+            print(f"bcr run: {note}", file=sys.stderr)
     return code
 
 

@@ -57,10 +57,10 @@ REPAIR = {
 }
 MATCH = {
     "match": Option(
-        Str(("none", "bcr-chunk", "bcr-grow", "bcr-single")),
+        Str(("none", "bcr-chunk", "bcr-grow", "bcr-single", "ours-chunk", "ours-single")),
         "none",
-        "none: the layout's own budget; bcr-...: on each call exactly the rows that BCR condition "
-        "(same rho, chunk, rank) recomputes on the same cache (App. D's row for row)",
+        "none: the layout's own budget; bcr-... (or ours-...): on each call exactly as many rows as that "
+        "condition (same rho, chunk, rank) recomputes on the same cache (App. D's row for row)",
     )
 }
 GROW = {"tau": Option(Float(0.0, 1.0), LayoutConfig.tau), "span_cap": Option(Int(1), LayoutConfig.span_cap)}
@@ -263,6 +263,12 @@ DEFINITIONS: dict[str, Definition] = {
     "bcr-chunk": repair_definition("draft", "chunk", {}, "BCR, whole chunks (Algorithm 1)"),
     "bcr-grow": repair_definition("draft", "grow", GROW, "BCR, spans grown from the best rows"),
     "bcr-single": repair_definition("draft", "single", {}, "BCR, single rows"),
+    "ours-chunk": repair_definition(
+        "ours", "chunk", MATCH, "the lab's pre-registered rule, rows both attended and wrong, whole chunks"
+    ),
+    "ours-single": repair_definition(
+        "ours", "single", MATCH, "the lab's pre-registered rule, rows both attended and wrong, single rows"
+    ),
     "coin-chunk": repair_definition("coin", "chunk", SEED | MATCH, "a fair coin per chunk"),
     "coin-single": repair_definition("coin", "single", SEED | MATCH, "a fair coin per row"),
     "cacheblend-cost": repair_definition("cacheblend", "single", MATCH, "CacheBlend's layer-1 rule at BCR's budget"),

@@ -104,7 +104,7 @@ RUN: dict[str, Setting] = {
         Int(1),
         1,
         help="requests served at once with batched decoding (on a CPU the same tokens and logits bit for bit, "
-        "batch-invariant decoding; call times then include waiting)",
+        "whatever the batch holds; call times then include waiting)",
     ),
     "fidelity": Setting(
         Bool(), False, help="also serve every call densely: per-call first-token agreement and teacher-forced KL"

@@ -21,6 +21,7 @@ from bcr_core.arena.copies import PAIRED, ArenaCall, DenseReference, run_call, s
 from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
 from bcr_core.arena.run import make_arena_cell, run_arena
 from bcr_core.cli import main
+from bcr_core.conditions import condition, parse
 from bcr_core.engine.kv import KV
 from bcr_core.errors import UsageError
 from bcr_core.repair.selectors import CacheBlendSelector
@@ -237,6 +238,32 @@ def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat,
         assert draft["identical"] == theirs["fidelity"]["identical"]
         compared += 1
     assert compared, "no call was served from an assembled cache"
+
+
+def test_a_run_serves_ours_at_the_paired_count_choosing_the_arenas_rows(tiny_chat, tmp_path):
+    """`ours-chunk:match=bcr-chunk` in `bcr run` recomputes, on every call served from an assembled cache,
+    exactly the rows the arena's `ours` chooses at the paired budget on the same call: the same count, the
+    same rows wasted on the exact prefix, and so the same KL to Dense."""
+    arena_cell = make_arena_cell(n=3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="ours")
+    run_arena(tiny_chat, arena_cell, tmp_path / "arena", progress=False)
+    bcr = parse(arena_cell.conditions[0])
+    served = condition("ours-chunk", bcr.value, chunk=bcr.option("chunk"), gamma=1.0, match="bcr-chunk")
+    cell = Cell(
+        benchmark="synthetic", agents=2, conditions=[served], n=3, max_new_tokens=4, item_seed=34, fidelity=True
+    )
+    run_cell(tiny_chat, cell, tmp_path / "run", progress=False)
+    arena = read_jsonl(tmp_path / "arena" / "calls.jsonl")
+    recorded = read_calls(tmp_path / "run" / "calls.jsonl")
+    compared = 0
+    for mine, theirs in zip(arena, recorded):
+        assert (mine["item_id"], mine["node"]) == (theirs["item_id"], theirs["node"])
+        if theirs["mode"] != "reuse" or "arena" not in mine:
+            continue
+        ours = next(e for e in mine["arena"]["entries"] if e["selector"] == "ours" and e["budget"] == PAIRED)
+        assert (ours["rows"], ours["rows_wasted"]) == (theirs["rows_recomputed"], theirs["rows_wasted"])
+        assert ours["kl"] == pytest.approx(theirs["fidelity"]["kl"], rel=1e-3, abs=1e-7)
+        compared += ours["rows"] > 0
+    assert compared, "no call repaired a row"
 
 
 def test_an_arena_cut_short_resumes_to_the_same_records(tiny_chat, arena_run, tmp_path):

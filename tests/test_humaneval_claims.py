@@ -243,3 +243,48 @@ def test_the_committed_humaneval_cell_gives_the_documented_verdicts_conditions_a
     shown_in = (CHECKOUT / "docs" / "results.md").read_text()
     for text in filter(None, shown.splitlines()):
         assert text in shown_in, text
+
+
+def test_the_floor_prints_beside_the_agreement_measures():
+    """Without `dense-again` the floor is read from the records: first calls served by a dense prefill of Dense's
+    very ids whose tokens are not Dense's (4 of 26 in the committed cell, on two tasks); with it, its agreement."""
+    from bcr_core.analysis import claims_report
+    from bcr_core.analysis.humaneval_report import floor_text
+    from bcr_core.run_folder import RunFolder
+
+    run = RunFolder(claims_report.QWEN_CODER / "humaneval")
+    items, calls = pd.DataFrame(run.items()), pd.DataFrame(run.calls())
+    said = floor_text(items, calls)
+    assert "of the 26 first calls" in said and "4 gave tokens other than Dense's (HumanEval/78, HumanEval/115)" in said
+    again_items = items[items["condition"] == "dense"].assign(condition="dense-again")
+    again_calls = calls[calls["condition"] == "dense"].assign(condition="dense-again")
+    world = floor_text(pd.concat([items, again_items]), pd.concat([calls, again_calls]))
+    assert "final code = Dense's on 100.0% of 140 items; calls identical to the reference 100.0%" in world
+    half = again_items.assign(answer=[a if i % 2 else a + "#" for i, a in enumerate(again_items["answer"])])
+    assert "on 50.0% of 140 items" in floor_text(pd.concat([items, half]), pd.concat([calls, again_calls]))
+
+
+def test_the_committed_cells_labels_say_what_their_tests_computed():
+    """Each label as its test: the TOST rows' 95% interval is Tango's own (the test whose p they print), not
+    Newcombe's; the KL row's items needed are prospective at a tenth of KVComm's KL (159), the post-hoc figure
+    at the observed effect labelled apart (15,125); Dense, which never takes the reuse path's ids, prints no
+    share of calls whose reuse-path ids are Dense's."""
+    from bcr_core.analysis import claims_report
+    from bcr_core.analysis import humaneval_report as report
+    from bcr_core.analysis import inference as inf
+    from bcr_core.run_folder import RunFolder
+
+    run = RunFolder(claims_report.QWEN_CODER / "humaneval")
+    items, calls = pd.DataFrame(run.items()), pd.DataFrame(run.calls())
+    table = hc.humaneval_verdicts(items, calls).set_index("claim")
+    row = table.loc["reuse costs nothing on HumanEval"]
+    assert (row.ci_lo, row.ci_hi) == pytest.approx(inf.tango_interval(9, 3, 140, 0.95))
+    assert round(100 * row.ci_lo, 1) == -0.7 and round(100 * row.ci_hi, 1) == 10.0
+    kl = table.loc["BCR-chunk beats KVComm"]
+    assert kl.items_needed == 159 and kl.items_needed_post_hoc == 15_125
+    assert "80% power at a tenth of KVComm's KL needs 159 items (post hoc, at the observed effect: 15,125)" in (
+        claims_report.power_text(kl)
+    )
+    conditions = report.conditions_table(items, calls).set_index("condition")
+    assert pd.isna(conditions.loc["dense", "ids_as_dense"])
+    assert conditions.loc["token-matched-dense", "ids_as_dense"] == 0

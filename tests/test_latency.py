@@ -55,7 +55,11 @@ def test_the_bound_counts_the_arithmetic_torch_counts(tiny):
     cache = tiny.prefill(ids)
     rows = [3, 10, 11, 40]
     assert matmul_flops(lambda: tiny.repair(cache, ids, rows)) == shape.linear(len(rows))
-    assert matmul_flops(lambda: tiny.generate(cache, 7, 1, stop_ids=())) == shape.linear(1, logits=1)
+    # a decode step computes its products over `decode_rows` rows (batch invariance: 8 in float32), one of them its own
+    rows_computed = tiny.decode_rows
+    assert matmul_flops(lambda: tiny.generate(cache, 7, 1, stop_ids=())) == shape.linear(
+        rows_computed, logits=rows_computed
+    )
     n = len(ids)
     dense_linear, dense_attention = call_flops(shape, "dense", n, [])
     assert dense_linear == shape.linear(n) + shape.linear(1, logits=1)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bcr_core.analysis.binary import mcnemar_exact
-from bcr_core.analysis.summary import condition_table
+from bcr_core.analysis.summary import condition_table, floor_note
 from bcr_core.errors import UsageError
 from bcr_core.runs import run_writer, runner
 from bcr_core.runs.cell import Cell, RunSettings
@@ -323,7 +323,9 @@ def test_dense_served_again_as_the_serial_conditions_are_is_dense_token_for_toke
     tokens = {(c["condition"], c["item_id"], c["node"]): c["output_tokens"] for c in calls}
     again = {key[1:]: value for key, value in tokens.items() if key[0] == "dense-again"}
     assert len(again) == 5 * 3 and again == {key[1:]: v for key, v in tokens.items() if key[0] == "dense"}
-    table = condition_table(items, reference="kvcomm@1").set_index("condition")
-    assert table.loc["dense-again", "agrees_dense"] == 1.0
+    table = condition_table(items, reference="kvcomm@1")
+    assert table.set_index("condition").loc["dense-again", "agrees_dense"] == 1.0
+    assert floor_note(table).endswith("agrees with Dense on 100.0%")
+    assert floor_note(table[table["condition"] != "dense-again"]).startswith("no dense-again in this cell")
     servers, _ = runner.make_servers(tiny_chat, cell, 3, prefix_prefills=False, share_log_probs=True)
     assert servers["dense-again"].prefills is None and servers["dense"].prefills is not None

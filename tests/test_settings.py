@@ -177,10 +177,10 @@ def test_saved_inspections_key_on_the_schema_checked_as_the_notebook_parameters_
 
 def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too():
     """The paper's repair conditions written out (BCR = the draft's score; the coin; CacheBlend's
-    layer-1 rule), each its selector and layout; the arena ranks with the same selector classes."""
+    layer-1 rule) and the lab's `ours`, each its selector and layout; the arena ranks with the same classes."""
     from bcr_core.arena.registry import SELECTORS as FIELD
     from bcr_core.conditions import DEFINITIONS, make_selector
-    from bcr_core.repair.selectors import CacheBlendSelector, CoinSelector, DraftSelector
+    from bcr_core.repair.selectors import AttendedDeviationSelector, CacheBlendSelector, CoinSelector, DraftSelector
 
     paper = {
         "bcr-chunk": ("draft", "chunk"),
@@ -190,10 +190,17 @@ def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too()
         "coin-single": ("coin", "single"),
         "cacheblend-cost": ("cacheblend", "single"),
         "cacheblend-reuse": ("cacheblend", "single"),
+        "ours-chunk": ("ours", "chunk"),
+        "ours-single": ("ours", "single"),
     }
     repairs = {name: (s.selector, s.layout) for name, s in DEFINITIONS.items() if s.layout is not None}
     assert repairs == paper
-    classes = {"draft": DraftSelector, "coin": CoinSelector, "cacheblend": CacheBlendSelector}
+    classes = {
+        "draft": DraftSelector,
+        "coin": CoinSelector,
+        "cacheblend": CacheBlendSelector,
+        "ours": AttendedDeviationSelector,
+    }
     for name, (selector, _) in paper.items():
         made = make_selector(parse(f"{name}@0.5" if name == "cacheblend-reuse" else name))
         assert type(made) is classes[selector] is FIELD[selector], name

@@ -100,6 +100,37 @@ def conditions_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def floor_text(items: pd.DataFrame, calls: pd.DataFrame) -> str:
+    """The instrument's floor beside the agreement measures: `dense-again`'s agreement with Dense where the cell
+    ran it; else what the records can say: first calls other conditions served by a dense prefill of Dense's
+    very ids (a gate's fallback under the aligned assembly), whose tokens should be Dense's and are not always."""
+    conditions = list(dict.fromkeys(items["condition"]))
+    if "dense-again" in conditions:
+        agreed = with_code_agreement(items, "dense")
+        again = agreed[agreed["condition"] == "dense-again"]
+        own = calls[calls["condition"] == "dense-again"]
+        identical = own["fidelity"].map(lambda f: bool(f and f.get("identical"))).mean() if "fidelity" in own else None
+        said = f"; calls identical to the reference {100 * identical:.1f}%" if identical is not None else ""
+        return (
+            f"Floor (`dense-again`, Dense recomputed as the serial conditions are served): final code = Dense's on "
+            f"{100 * again['agrees_code'].mean():.1f}% of {len(again)} items{said}."
+        )
+    if not {"output_tokens", "reason", "ids_match"} <= set(calls):
+        return "Floor: no `dense-again` in this cell, and its calls keep too little to read one from."
+    first = calls.groupby(["condition", "item_id"], sort=False).head(1)  # each condition's first call of an item
+    dense = first[first["condition"] == "dense"].set_index("item_id")["output_tokens"]
+    same = first[(first["condition"] != "dense") & (first["reason"] != "reuse") & first["ids_match"].astype(bool)]
+    same = same[same["item_id"].isin(dense.index)]
+    moved = same[[tokens != dense[item] for tokens, item in zip(same["output_tokens"], same["item_id"])]]
+    tasks = ", ".join(sorted(set(moved["item_id"]), key=lambda t: (len(t), t)))
+    return (
+        f"Floor: no `dense-again` in this cell. From its records: of the {len(same)} first calls other conditions "
+        f"served by a dense prefill of Dense's very ids, {len(moved)} gave tokens other than Dense's"
+        + (f" ({tasks})" if tasks else "")
+        + ": the decoder's batch arrangement moved them, and every agreement measure carries that noise."
+    )
+
+
 def seams_markdown(table: pd.DataFrame) -> str:
     """The seam counts (`seams.seam_counts`) as docs/results.md shows them: the template's token, the reuse
     path's pieces (byte-level tokens read back as text), seams and calls."""
@@ -177,6 +208,7 @@ def main(folders: list[str]) -> None:
         write_text_whole(folder / "verdicts.csv", table.to_csv(index=False))
         print(f"## {folder} ({run.model})\n\n{partial_text(items, run.settings)}{markdown(table)}\n")
         print(f"Every condition (description):\n\n{conditions_markdown(conditions_table(items, calls))}\n")
+        print(floor_text(items, calls) + "\n")
         cells = factorial_conditions(list(dict.fromkeys(items["condition"])))
         if cells is not None:
             square = factorial_table(with_code_agreement(items, "dense"), cells)

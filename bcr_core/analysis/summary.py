@@ -189,6 +189,19 @@ def no_reuse_note(calls: list[dict], n: int) -> str | None:
     )
 
 
+def floor_note(table: pd.DataFrame) -> str | None:
+    """The floor beside the agreement column: what `dense-again` (Dense recomputed as the serial conditions
+    are served) agrees with Dense on, or that the cell measured none. None for a cell of Dense alone."""
+    conditions = set(table["condition"])
+    if conditions <= {"dense"}:
+        return None
+    if "dense-again" not in conditions:
+        return "no dense-again in this cell: its agreement with Dense is printed without a measured floor"
+    share = float(table.set_index("condition").loc["dense-again", "agrees_dense"])
+    said = "dense-again (Dense served again as the serial conditions are) agrees with Dense on"
+    return f"floor: {said} {100 * share:.1f}%"
+
+
 def base_columns(mine: pd.DataFrame) -> dict:
     k, n = int(mine["correct"].astype(bool).sum()), len(mine)
     lo, hi = wilson_ci(k, n)

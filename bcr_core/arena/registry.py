@@ -54,7 +54,6 @@ SELECTORS: dict[str, type[Selector]] = {
     "question": selectors.QuestionSelector,
     "seams": selectors.SeamsSelector,
     "window": selectors.WindowSelector,
-    "ours": selectors.AttendedDeviationSelector,
 }
 # names records written before the rename hold: the K/V-error rankings were called oracles
 RENAMED = {"oracle": "kv-error", "oracle-attn": "kv-error-attn"}

@@ -5,8 +5,9 @@ Every class keeps the one selector protocol of `bcr_core.repair.selectors.Select
 higher = repair first), the keyword `context` (a `CallContext`) holding what the cache alone does
 not: the segment map (`seams`, `window`, `question`) and, for the K/V-error rankings only, the
 exact cache; and the class attributes `row_rule`, `passes` and `reads_exact` (how a selector is
-spent and what it costs). The draft (BCR, Algorithm 2), the coin and CacheBlend are
-`bcr_core.repair.selectors`' own classes; `bcr_core.arena.registry` names them all.
+spent and what it costs). The draft (BCR, Algorithm 2), the coin, CacheBlend and `ours` are
+`bcr_core.repair.selectors`' own classes (a run serves them as repair conditions); `bcr_core.arena.registry`
+names them all.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from bcr_core.arena.context import CallContext
 from bcr_core.engine.kernels import GROUPED_EAGER
 from bcr_core.repair.row_scores import row_scores
-from bcr_core.repair.selectors import CacheBlendSelector, DraftSelector, Ranking, Selector
+from bcr_core.repair.selectors import Ranking, Selector
 
 EXACT_ROW = -1.0e9  # a row rule's score for a row KVComm did not predict: chosen only after every predicted row
 
@@ -133,22 +134,3 @@ class WindowSelector(Selector):
         for start, stop in (context or CallContext([])).segments(kv.length):
             scores[start:stop] = -(torch.arange(stop - start, dtype=torch.float64) + 0.5) / (stop - start)
         return Ranking(candidate_scores(scores, rows))
-
-
-class AttendedDeviationSelector(Selector):
-    """`ours` (this lab's, PRE-REGISTERED: rule fixed in this file before any arena item was run,
-    and reported on the second half of the items by `bcr_core.arena.measures`, whatever they say):
-    rows both attended and wrong. Row j scores a_j x d_j, a_j the draft's Algorithm 2 score
-    (`DraftSelector`, k = 2 tokens) and d_j CacheBlend's layer-1 value deviation
-    (`CacheBlendSelector(layer=1)`): a row the answer reads but whose cache is right, or a wrong row
-    nobody reads, scores low. Passes: the draft's two steps and a two-layer prefill."""
-
-    name, row_rule, passes = "ours", False, 3
-
-    def __init__(self):
-        self.draft, self.cacheblend = DraftSelector(), CacheBlendSelector(layer=1)
-
-    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
-        drafted = self.draft.rank(bb, kv, ids, last_id)
-        deviation = self.cacheblend.rank(bb, kv, ids, last_id).scores
-        return Ranking(candidate_scores(drafted.scores.cpu() * deviation.cpu(), rows), drafted.draft)

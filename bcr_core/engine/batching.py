@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bcr_core.engine.backbone import Backbone, Generation
-from bcr_core.engine.invariance import invariant_decoding
+from bcr_core.engine.invariance import invariant, invariant_decoding
 from bcr_core.engine.kv import KV, cache_over
 from bcr_core.engine.stopping import StopRule
 from bcr_core.engine.windows import mask_argument
@@ -87,7 +87,9 @@ class BatchDecoder:
         cache = cache_over(self.keys, self.values)
         self.keys = self.values = []  # the cache owns them now: each layer's old copy is freed as it grows
         self.visible = torch.cat([self.visible, self.visible.new_ones(len(self.rows), 1)], dim=1)
-        mask = self._padding_mask()  # always: a kernel without a mask builder of HF's would drop the windows
+        # the row-by-row kernel needs the mask always (HF builds none for it, so the windows would go);
+        # the decoder before it passed none where no row was padded, and stays as it was
+        mask = self._padding_mask() if invariant(self.bb) or not bool(self.visible.all()) else None
         with invariant_decoding(self.bb):
             out = self.bb.model(
                 input_ids=self.token[:, None],

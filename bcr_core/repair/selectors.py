@@ -14,6 +14,7 @@ a run resumes (nothing, unless the selector draws from a stream).
 - CacheBlendSelector (App. D, ported): the deviation between fresh layer-1 values and the
   assembled cache's layer-1 values, row by row. Fresh values need layer 0 over every row, which
   is exact in an assembled cache, so two layers are run over the whole prompt.
+- AttendedDeviationSelector (`ours`, this lab's pre-registered rule): the draft's score times CacheBlend's.
 """
 
 from __future__ import annotations
@@ -116,4 +117,25 @@ class CacheBlendSelector(Selector):
 
 # The deployable selectors by name: a repair condition is one of them and a layout (`conditions`),
 # and the arena's field holds them beside its own (`arena.registry`).
-SELECTORS: dict[str, type[Selector]] = {cls.name: cls for cls in (DraftSelector, CoinSelector, CacheBlendSelector)}
+class AttendedDeviationSelector(Selector):
+    """`ours` (this lab's, PRE-REGISTERED: rule fixed in `bcr_core/arena/selectors.py` before any arena item was
+    run, moved here unchanged so that a run serves it too, and reported on the second half of the arena's items
+    by `bcr_core.arena.measures`, whatever they say): rows both attended and wrong. Row j scores a_j x d_j, a_j
+    the draft's Algorithm 2 score (`DraftSelector`, k = 2 tokens) and d_j CacheBlend's layer-1 value deviation
+    (`CacheBlendSelector(layer=1)`): a row the answer reads but whose cache is right, or a wrong row nobody
+    reads, scores low. Passes: the draft's two steps and a two-layer prefill."""
+
+    name, row_rule, passes = "ours", False, 3
+
+    def __init__(self):
+        self.draft, self.cacheblend = DraftSelector(), CacheBlendSelector(layer=1)
+
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context=None) -> Ranking:
+        drafted = self.draft.rank(bb, kv, ids, last_id)
+        scores = drafted.scores.cpu() * self.cacheblend.rank(bb, kv, ids, last_id).scores.cpu()
+        return Ranking(scores if rows is None else scores[rows], drafted.draft)
+
+
+SELECTORS: dict[str, type[Selector]] = {
+    cls.name: cls for cls in (DraftSelector, CoinSelector, CacheBlendSelector, AttendedDeviationSelector)
+}

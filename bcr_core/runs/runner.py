@@ -111,12 +111,14 @@ def check_confirmation(cell: Cell, out: Path) -> None:
         check_fresh(cell.record(), RESULTS, str(out))
 
 
-def check_before_run(bb, cell: Cell, out: Path) -> None:
-    """What must hold before a run spends anything: its grader runs here (HumanEval's sandbox), the model
-    is served in the cell's dtype, and a confirmation's items are fresh."""
+def items_to_run(bb, cell: Cell, out: Path) -> list[dict]:
+    """The cell's items, once what a run needs holds: its grader runs here (HumanEval's sandbox, checked first),
+    the items load, the model is served in the cell's dtype, and a confirmation's items are fresh."""
     benchmarks.check_grader(cell.benchmark)
+    items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
     check_served_dtype(bb, cell)
     check_confirmation(cell, out)
+    return items
 
 
 def make_servers(bb, cell: Cell, batch: int, prefix_prefills: bool, share_log_probs: bool):
@@ -183,8 +185,7 @@ def run_cell(
     (batch > 1) answers a decode request identical to one decoded before with its tokens
     (`lanes.SharedDecodes`), on unless turned off to measure it.
     """
-    check_before_run(bb, cell, out)
-    items = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)
+    items = items_to_run(bb, cell, out)
     files = RunFiles(out, cell)
     try:
         pipeline = Pipeline(
