@@ -193,7 +193,7 @@ class Sandboxes:
     """The two processes of one item, their pipes, and what came back."""
 
     def __init__(self, task: Task, completion: str, parent: Path):
-        Path(parent).chmod(0o755)
+        parent.chmod(0o755)
         uid = secrets.choice(UIDS)
         processes = PROCESSES if as_root() else processes_of_my_uid() + PROCESSES
         candidate_folder = write_folder(parent, "candidate", task.prompt + completion)
@@ -257,7 +257,7 @@ class Sandboxes:
             with suppress(subprocess.TimeoutExpired):
                 self.processes[1].wait(max(grace, 0.0))
         for process in self.processes:
-            with_process_group(process.pid, signal.SIGKILL)
+            kill_group(process.pid, signal.SIGKILL)
         codes = [process.wait() for process in self.processes]
         os.set_blocking(self.output, False)
         with suppress(BlockingIOError):  # every writer is dead: the rest is what a pipe holds
@@ -268,7 +268,7 @@ class Sandboxes:
         return codes
 
 
-def with_process_group(pid: int, sig: int) -> None:
+def kill_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:
