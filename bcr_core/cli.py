@@ -336,7 +336,8 @@ def add_records_commands(sub) -> None:
     report.add_argument(
         "kind",
         choices=REPORTS,
-        help="'claims' (verdicts and grid table), 'arena', or 'humaneval' (the HumanEval family and its seams)",
+        help="'claims' (verdicts and grid table), 'arena', 'humaneval' (the HumanEval family and its seams), or "
+        "'budget' (a decoding budget's calibration: one Dense run folder per candidate, the longest first)",
     )
     report.add_argument(
         "folders",
@@ -344,6 +345,13 @@ def add_records_commands(sub) -> None:
         type=Path,
         nargs="+",
         help="one folder per model; several also print the transfer table",
+    )
+    report.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the CSVs a committed folder holds (verdicts.csv, grid_table.csv; seams.csv; table.csv) "
+        "into OUT (into OUT/<folder name> for several folders); without it the report only prints",
     )
     report.set_defaults(run=cmd_report)
 

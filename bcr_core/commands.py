@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from bcr_core.engine.models import DEFAULT_MODEL
 from bcr_core.errors import UsageError
@@ -63,37 +62,23 @@ def cmd_demo(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bcr_core.analysis.summary import floor_note, no_reuse_note, write_summary
-    from bcr_core.data import benchmarks
-    from bcr_core.engine.loading import load_backbone
-    from bcr_core.run_folder import RunFolder
     from bcr_core.runs.cell import RunSettings
-    from bcr_core.runs.runner import run_cell
+    from bcr_core.runs.runner import run_and_summarize
     from bcr_core.schema import RUN
 
-    run = RunSettings(**settings_of(args, RUN))
-    cell = run.cell()  # every setting and condition checked before the model loads
-    benchmarks.check_grader(cell.benchmark)  # and the grader (HumanEval's sandbox) shown to run here
-    items = run_cell(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True, batch=run.batch)
-    table = write_summary(items, args.reference, args.out)
+    table, notes = run_and_summarize(RunSettings(**settings_of(args, RUN)), args.out, args.reference)
     code = print_table(table, args, digits=3)
-    for note in (floor_note(table), no_reuse_note(RunFolder(args.out).calls(), cell.n)):
-        if note:
-            print(f"bcr run: {note}", file=sys.stderr)
+    for note in notes:
+        print(f"bcr run: {note}", file=sys.stderr)
     return code
 
 
 def cmd_arena(args) -> int:
-    from bcr_core.arena.measures import arena_frame, selector_table
-    from bcr_core.arena.run import make_arena_cell, run_arena
-    from bcr_core.engine.loading import load_backbone
-    from bcr_core.run_folder import RunFolder
+    from bcr_core.arena.run import arena_table
     from bcr_core.schema import ARENA
 
-    cell = make_arena_cell(**settings_of(args, ARENA))
-    run_arena(load_backbone(cell.model, cell.dtype), cell, args.out, progress=True)
-    calls = RunFolder(args.out).calls()
-    if not any(c.get("arena") for c in calls):
+    table = arena_table(settings_of(args, ARENA), args.out)
+    if table is None:
         print(
             f"bcr arena: no call of these {args.n} items was served from an assembled cache (KVComm's anchor pool "
             "warms up over the first items), so no selector was compared; run more items (--n)",
@@ -102,7 +87,6 @@ def cmd_arena(args) -> int:
         if args.json:
             print("[]")
         return 0
-    table = selector_table(arena_frame(calls))
     return print_table(table, args, digits=4)
 
 
@@ -145,52 +129,24 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_grid(args) -> int:
-    from bcr_core.paths import write_text_whole
-    from bcr_core.runs.grid import run_grid
-    from bcr_core.runs.grid_file import read_grid
-    from bcr_core.runs.grid_folder import combined_table
+    from bcr_core.runs.grid import run_grid_file
 
-    grid = read_grid(args.file, model=args.model, dtype=args.dtype)
-    failed = run_grid(grid, args.out, ray=args.ray, quiet=args.json)
-    table = combined_table(grid, args.out)
-    write_text_whole(args.out / "grid.csv", table.to_csv(index=False))
+    table, failed = run_grid_file(
+        args.file, args.out, model=args.model, dtype=args.dtype, ray=args.ray, quiet=args.json
+    )
     print_table(table, args, digits=3)
     for name in failed:
         print(f"bcr grid: cell {name} did not finish; run the same command again to resume it", file=sys.stderr)
     return 1 if failed else 0
 
 
-SEED_MAX = 2**32 - 1  # numpy's largest seed
-
-
 def cmd_unit_curve(args) -> int:
-    from bcr_core.engine.loading import load_backbone
-    from bcr_core.probes.unit_curve import (
-        UnitCurveConfig,
-        default_texts,
-        read_prompts,
-        summarize_curve,
-        unit_curve,
-    )
+    from bcr_core.probes.unit_curve import curve_table, seeds_from
 
-    if args.seeds < 1:
-        raise UsageError(f"--seeds is how many random selections to compare with, at least 1; got {args.seeds}")
-    if not 0 <= args.seed <= SEED_MAX - args.seeds + 1:
-        raise UsageError(
-            f"--seed: the random selections' seeds {args.seed}..{args.seed + args.seeds - 1} must lie in "
-            f"[0, {SEED_MAX}] (numpy's seed range); got --seed {args.seed}"
-        )
-    config = UnitCurveConfig(
-        args.segment_tokens,
-        args.budget,
-        tuple(split_list(args.units, int, "--units")),
-        tuple(args.seed + i for i in range(args.seeds)),
-    )
-    texts = read_prompts(args.prompts) if args.prompts else default_texts()
-    table = summarize_curve(
-        unit_curve(load_backbone(args.model, args.dtype), texts, config, progress=True)
-    )  # tqdm writes to stderr
-    return print_table(table, args, digits=4)
+    units = tuple(split_list(args.units, int, "--units"))
+    seeds = seeds_from(args.seed, args.seeds)  # checked before the model loads
+    table = curve_table(args.model, args.dtype, args.segment_tokens, args.budget, units, seeds, args.prompts)
+    return print_table(table, args, digits=4)  # tqdm wrote its progress to stderr
 
 
 def cmd_ttft(args) -> int:
@@ -251,114 +207,21 @@ def read_parameters(pairs: list[str]) -> dict:
 
 
 def cmd_explore(args) -> int:
-    import tempfile
-
-    from bcr_core.lab import app
+    from bcr_core.lab.serving import Room, serve
 
     parameters = read_parameters(args.parameter) | command_line_model(args)
-    app.check_participants(args.participants)
-    cap = app.max_kernels(args.participants, args.max_kernels)
-    with app.claim_port(args.port, args.host) as claimed, tempfile.TemporaryDirectory(prefix="bcr-explore-") as folder:
-        prepared = app.explorer_notebook(parameters, Path(folder), results=args.results)
-        url = app.url_of(args.host, args.port)
-        source = (
-            f"reads {prepared.saved}"
-            if prepared.saved
-            else f"no saved inspection matches: serves {prepared.parameters['n']} requests with the model first "
-            f"(minutes), then saves them to {app.FRESH / 'explorer'}"
-        )
-        if args.participants:
-            source += f"; {args.participants} kernels preheated with the model loaded"
-        if cap:
-            source += f"; at most {cap} kernels at once, then a page says the room is full"
-        said = {
-            "url": url,
-            "saved": str(prepared.saved or ""),
-            "participants": args.participants or 0,
-            "max_kernels": cap,
-        }
-        if args.check:
-            print(json.dumps(said) if args.json else f"ok: {source}")
-            return 0
-        server = app.start(
-            prepared.notebook,
-            args.port,
-            explicit=prepared.explicit,
-            host=args.host,
-            participants=args.participants,
-            claimed=claimed,
-            cap=cap,
-        )
-        print(json.dumps(said) if args.json else f"explorer: {url}\n{source}", flush=True)
-        if args.host != app.HOST:
-            print(app.WARNING.format(url=url), file=sys.stderr, flush=True)
-        print("Ctrl-C stops it.", file=sys.stderr, flush=True)
-        try:
-            code = server.wait()
-        except KeyboardInterrupt:
-            code = 0
-            stop_within(app.STOP_WITHIN_S)
-        finally:
-            app.stop(server)
-    if code:  # it stopped by itself: the URL printed no longer serves, and the exit code must not say success
-        how = f"was killed by signal {-code}" if code < 0 else f"stopped with code {code}"
-        raise app.ServerError(f"the explorer's server {how}; its log is above")
-    return 0
-
-
-def stop_within(seconds: float) -> None:
-    """After Ctrl-C, a bound on the rest: a process still here `seconds` later prints where every thread
-    is (`faulthandler`) and exits with status 1, whatever its server or kernels are doing."""
-    import faulthandler
-
-    faulthandler.dump_traceback_later(seconds, exit=True)
+    room = Room(args.port, args.host, args.participants, args.max_kernels, args.results)
+    return serve(parameters, room, check=args.check, as_json=args.json)
 
 
 def cmd_plan(args) -> int:
-    """A confirmation's grid file, sized from a pilot claims folder (`analysis.planning`)."""
-    from bcr_core.analysis import claims_report, planning
-    from bcr_core.paths import RESULTS, write_text_whole
-    from bcr_core.run_folder import run_folders
+    """A confirmation's grid file, sized from a pilot claims folder (`analysis.claims.planning`)."""
+    from bcr_core.analysis.reports.claims_report import plan_confirmation
+    from bcr_core.paths import write_text_whole
 
     if not args.pilot.is_dir():
         raise UsageError(f"{args.pilot}: no such pilot folder")
-    verdicts = claims_report.compute(args.pilot)["verdicts"]
-    try:
-        claims = planning.planned_claims(verdicts, args.claims, args.max_items)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if not claims:
-        raise UsageError(f"{args.pilot}: no undecided claim bcr plan sizes fits --max-items {args.max_items}")
-    alpha = 0.05 / len(claims)
-    per_item = verdicts.attrs["per_item"]
-    sizings = []
-    for claim in claims:
-        d = per_item[claim].to_numpy(float)
-        binary = set(map(float, d)) <= {-1.0, 0.0, 1.0}
-        sizings.append(planning.size_claim(claim, d, binary, alpha, args.power, args.max_items))
-    unsized = [s.claim for s in sizings if s.items is None]
-    if unsized:
-        raise UsageError(f"{unsized[0]!r}: {args.power:.0%} power needs more than --max-items {args.max_items} items")
-    pilot = next(r for r in run_folders(args.pilot) if {"dense", "kvcomm"} <= set(r.settings["conditions"]))
-    found = pilot.settings
-    settings = {
-        "model": found.get("model", "default"),
-        "dtype": found.get("dtype", "float32"),
-        "benchmark": found["benchmark"],
-        "agents": found["n_agents"],
-        "max_new_tokens": found["max_new_tokens"],
-        "fidelity": bool(found.get("fidelity", False)),
-        "prompt": found.get("prompt", "standard"),
-        "stop": found.get("stop", "eos"),
-        "batch": 8,
-    }
-    used = {
-        (r.settings.get("extra") or {}).get("seed", 0)
-        for r in run_folders(RESULTS)
-        if r.settings.get("model", "default") == settings["model"] and r.settings.get("benchmark") == "synthetic"
-    }
-    seed = planning.fresh_item_seed(used)
-    text = planning.grid_text(sizings, str(args.pilot), settings, seed, alpha, args.power)
+    text = plan_confirmation(args.pilot, args.claims, args.power, args.max_items)
     write_text_whole(args.out, text)
     print(text)
     print(f"wrote {args.out}: commit it before the run", file=sys.stderr)
@@ -379,21 +242,29 @@ def cmd_export(args) -> int:
     return 0
 
 
-REPORTS = ("claims", "arena", "humaneval")
+REPORTS = ("claims", "arena", "humaneval", "budget")
 
 
 def cmd_report(args) -> int:
-    """The committed tables' Markdown (docs/results.md) recomputed from the folders' records."""
+    """The committed tables' Markdown (docs/results.md) recomputed from the folders' records and printed; with
+    --out, the CSVs a committed folder holds are written there too."""
     for folder in args.folders:
         if not folder.is_dir():
             raise UsageError(f"{folder}: no such folder of {args.kind} records")
     if args.kind == "claims":
-        from bcr_core.analysis.claims_report import main as report
+        from bcr_core.analysis.reports.claims_report import main as report
     elif args.kind == "humaneval":
-        from bcr_core.analysis.humaneval_report import main as report
+        from bcr_core.analysis.reports.humaneval_report import main as report
+    elif args.kind == "budget":
+        from bcr_core.probes.calibration import budget_report as report
     else:
-        from bcr_core.arena.report import main as report
-    report([str(f) for f in args.folders])
+        from bcr_core.arena.report import main as arena_report
+
+        if args.out is not None:
+            raise UsageError("bcr report arena prints its tables and writes no file; drop --out")
+        arena_report([str(f) for f in args.folders])
+        return 0
+    report(args.folders, args.out)
     return 0
 
 

@@ -3,7 +3,7 @@
 (`bcr_core.setting_kinds`), default and help. `bcr`'s flags are generated from it
 (`cli.add_settings`), a grid file's keys and the notebooks' parameters are checked by it
 (`runs.grid_file`, `lab.params`), and the records that hold settings are made from it
-(`runs.run_settings.settings_record`, `arena.run.make_arena_cell`, `analysis.claims_grid.ClaimsGrid`).
+(`runs.run_settings.settings_record`, `arena.run.make_arena_cell`, `analysis.reports.claims_grid.ClaimsGrid`).
 A condition is checked by parsing it (`bcr_core.conditions`), imported where it is checked, so the
 schema loads without the model code.
 """
@@ -156,7 +156,7 @@ ARENA: dict[str, Setting] = with_defaults(
     "dtype": RUN["dtype"],
 }
 
-# The claims' grid (`analysis.claims_grid.ClaimsGrid`, notebook 10): a run's item settings at the
+# The claims' grid (`analysis.reports.claims_grid.ClaimsGrid`, notebook 10): a run's item settings at the
 # headline grid's values, and the claims' own.
 CLAIMS: dict[str, Setting] = with_defaults(
     {key: RUN[key] for key in ("benchmark", "agents", "n", "max_new_tokens", "item_seed")},

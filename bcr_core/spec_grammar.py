@@ -146,7 +146,10 @@ def expand_seeds(specs: list[str], seeds: list[int] | None) -> list[str]:
 def shown(name: str, options: dict, takes: dict[str, Option]) -> dict:
     """The options a label built from parts writes: those given and away from their defaults, and a
     coin's seed always (its stream is part of its name)."""
-    keep = lambda k, v: v is not None and (k not in takes or v != takes[k].default or (k == "seed" and is_coin(name)))  # noqa: E731
+
+    def keep(k: str, v: object) -> bool:
+        return v is not None and (k not in takes or v != takes[k].default or (k == "seed" and is_coin(name)))
+
     return {k: v for k, v in options.items() if keep(k, v)}
 
 

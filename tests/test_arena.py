@@ -355,7 +355,7 @@ def test_each_pair_is_asked_once_so_holm_counts_five_questions_not_six():
 
 
 def test_an_arena_p_near_its_holm_threshold_is_refined_like_the_claims():
-    from bcr_core.analysis import monte_carlo
+    from bcr_core.analysis.statistics import monte_carlo
 
     n, rng = 200, np.random.default_rng(3)
     d = rng.normal(0, 1, n)
@@ -466,7 +466,11 @@ def test_the_committed_arena_gives_the_documented_table(folder):
     """results/arena (SmolLM2-135M), Gemma 3 270M's arenas (behind `<bos>`, and the one made before
     that fix) and the confirmation of `ours` on fresh items hold the arena's compact records; every
     line docs/results.md shows of each is what `bcr_core.arena.report` computes from them, and every
-    selector spent the paired rows."""
+    selector spent the paired rows. The docs part is a drift check: it holds the report's lines on the
+    committed records equal to the lines pasted into docs/results.md, so it catches a change to the code or
+    to either committed file without judging which is right; the verdicts and gap shares themselves are
+    checked on hand-made records by test_verdicts_are_one_holm_family_and_ours_is_read_on_the_second_half
+    and test_gap_share_and_coin_seeds_as_one_control."""
     from bcr_core.arena import report
     from bcr_core.paths import RESULTS
 
@@ -486,7 +490,9 @@ def test_the_documented_arena_transfer_table_compares_like_with_like():
     """The two arenas of the transfer table differ in model, item count and the prompt and stop rule
     each model answers under only (same task, agents, serving condition, verdicts' selectors and
     budgets; both hold the searched ceiling, in no verdict), and docs/results.md's transfer table
-    is what they give."""
+    is what they give. That last part is a drift check: it holds `report.transfer_lines` on the committed
+    arenas equal to the table pasted into docs/results.md, so it catches a change to the code or to either
+    committed file without judging which is right."""
     from bcr_core.arena import report
     from bcr_core.arena.registry import current_label
     from bcr_core.paths import RESULTS

@@ -143,6 +143,9 @@ def test_a_cap_not_above_the_runs_is_one_line_before_any_work(deepened, tmp_path
 
 
 def test_the_committed_records_hold_the_searches_their_cap_stopped():
+    """A drift check: it holds `capped`'s count on the committed results/arena records equal to the number
+    docs/results.md quotes (typed here), so it catches a change to the code, the records or the docs without
+    judging which is right."""
     calls = [json.loads(line) for line in gzip.open("results/arena/calls.jsonl.gz", "rt")]
     assert sum(len(capped(c)) for c in calls) == 912 + 29  # docs/results.md: the share the cap stopped
 
@@ -159,7 +162,11 @@ def test_a_lower_ceiling_can_only_shrink_every_selectors_share_of_its_gain(deepe
 def test_the_committed_deepened_ceilings_end_every_capped_search_at_a_local_optimum(source):
     """results/<arena>-deepened holds every item of its source, and every search the cap stopped there,
     continued to a local optimum, its KL never above where it stopped; the largest move of a
-    selector's share that docs/results.md quotes is what these records give."""
+    selector's share that docs/results.md quotes is what these records give. That last part is a drift
+    check: it holds `shares_before_after` on the committed records equal to the number docs/results.md and
+    the folder's README quote, so it catches a change to the code or to any of those files without judging
+    which is right; the continuation itself is checked on a tiny run, every neighbour measured by hand, by
+    test_a_search_continued_from_where_its_cap_stopped_it_ends_at_a_local_optimum."""
     from bcr_core.paths import CHECKOUT, RESULTS
     from bcr_core.run_folder import RunFolder
 

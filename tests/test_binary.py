@@ -1,4 +1,4 @@
-"""Tests for bcr_core.analysis.binary against values computed independently of scipy where possible."""
+"""Tests for bcr_core.analysis.statistics.binary against values computed independently of scipy where possible."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.analysis.binary import discordant, mcnemar_exact, wilson_ci
-from bcr_core.analysis.line import line_residuals, reuse_accuracy_line
-from bcr_core.analysis.summary import condition_table
+from bcr_core.analysis.claims.line import line_residuals, reuse_accuracy_line
+from bcr_core.analysis.reports.summary import condition_table
+from bcr_core.analysis.statistics.binary import discordant, mcnemar_exact, wilson_ci
 from bcr_core.errors import UsageError
 
 # ---------------------------------------------------------------- reference formulas
@@ -321,10 +321,10 @@ def test_an_unknown_reference_is_refused():
 
 def test_the_notebooks_line_is_the_one_the_claims_test():
     """Notebooks 02 and 08 draw Equation 3 on condition means (`lab.line_table`); the gate claim reads
-    per-item residuals (`analysis.line.residuals`). On the same items they are one line: the mean
+    per-item residuals (`analysis.claims.line.residuals`). On the same items they are one line: the mean
     residual is the notebook's, point for point (written out here: through Dense at reuse 0 and
     unconditional reuse at its rate)."""
-    from bcr_core.analysis import line
+    from bcr_core.analysis.claims import line
     from bcr_core.lab.tables import line_table
 
     rng = np.random.default_rng(7)

@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 from bcr_core import run_folder
-from bcr_core.analysis import claims, claims_grid, claims_report, inference, line, protocol, tax
-from bcr_core.analysis.summary import GRID, condition_table
+from bcr_core.analysis.claims import line, protocol, synthetic, tax
+from bcr_core.analysis.reports import claims_grid, claims_report
+from bcr_core.analysis.reports.summary import GRID, condition_table
+from bcr_core.analysis.statistics import inference, power
 from bcr_core.errors import UsageError
 from bcr_core.paths import CHECKOUT, RESULTS
 from bcr_core.runs.cell import Cell
@@ -45,10 +47,10 @@ def test_a_binary_claim_reads_one_exact_mcnemar_in_the_claimed_direction():
     )
     assert protocol.decide(close | holm_alone).verdict == "undecided" and close.p == pytest.approx(exact_p(3, 2))
     post = close.items_needed_post_hoc  # post hoc: 80% power at the observed rates
-    assert inference.mcnemar_power(3 / 20, 2 / 20, post) >= 0.8 > inference.mcnemar_power(3 / 20, 2 / 20, post - 1)
+    assert power.mcnemar_power(3 / 20, 2 / 20, post) >= 0.8 > power.mcnemar_power(3 / 20, 2 / 20, post - 1)
     # prospective: at the stated 3-point effect and the observed discordance (25%), p10 - p01 = 0.03
     ahead = close.items_needed
-    assert inference.mcnemar_power(0.14, 0.11, ahead) >= 0.8 > inference.mcnemar_power(0.14, 0.11, ahead - 1)
+    assert power.mcnemar_power(0.14, 0.11, ahead) >= 0.8 > power.mcnemar_power(0.14, 0.11, ahead - 1)
 
 
 class HolmAlone:
@@ -135,7 +137,9 @@ def test_the_gap_decomposition_on_a_table_where_it_is_known():
     """Dense right on all 100 items, token-matched Dense on 80, KVComm on 50, BCR on 60: the tokenization
     term is 20 points, the approximation term 30, the tax 40% of the gap, BCR recovers 10 of the 30
     approximation points (a third) and 10 of the 50-point cost (a fifth), and sits 20 points below
-    token-matched Dense: repair has not touched the tax."""
+    token-matched Dense: repair has not touched the tax, read within the paper's 1.6 points (the margin of
+    Equation 3's line, the paper's number the code must carry; test_counterfactuals.py's
+    test_the_level_claims_take_their_margins_from_the_paper checks a repair just inside and just outside it)."""
     items = nested(100, dense=100, token_matched_dense=80, kvcomm=50, bcr=60)
     args = (items, "dense", "token-matched-dense", "kvcomm")
     row = tax.tax_claim(*args, "correct")
@@ -186,7 +190,7 @@ def test_draft_against_coin_seeds_is_one_control_read_on_the_row_matched_coin():
             for i in range(n)
         ]
     )
-    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16").set_index("claim")
+    table = synthetic.verdicts(items, calls, "bcr-chunk:chunk=16").set_index("claim")
     row = table.loc["draft beats coin at chunk granularity"]
     assert "row-matched coin" in row["read_on"] and "25.0 rows" in row["read_on"]  # 20 vs 25 rows: not matched
     share = np.mean([items[items.condition == c]["correct"].to_numpy() for c in matched], axis=0)
@@ -222,7 +226,7 @@ def test_verdicts_on_known_records():
             for i in range(n)
         ]
     )
-    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16").set_index(
+    table = synthetic.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16").set_index(
         "claim"
     )
     assert table.loc["reuse costs accuracy", "verdict"] == "holds"  # 100/0
@@ -265,7 +269,7 @@ def test_a_grid_with_only_row_matched_controls_reads_its_claims_on_them():
             for call in (0, 1)
         ]
     )
-    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16").set_index(
+    table = synthetic.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16").set_index(
         "claim"
     )
     coin_row = table.loc["draft beats coin at chunk granularity"]
@@ -316,7 +320,12 @@ def test_committed_records_keep_counts_in_place_of_id_lists_and_load_back(tiny_c
 
 def test_the_committed_results_give_the_committed_verdicts():
     """results/claims holds compact records that notebook 10 reads by default; the verdicts
-    docs/results.md shows must be what the code computes from them (a change to either is caught here)."""
+    docs/results.md shows must be what the code computes from them (a change to either is caught here).
+    It is a drift check: it holds the verdicts computed from the committed records equal to
+    results/claims/verdicts.csv, and the markdown of those verdicts and of the committed grid_table.csv equal
+    to the lines of docs/results.md, so it catches a change to the code or to a committed file without judging
+    which is right; the verdicts themselves are checked on hand-made records by test_verdicts_on_known_records,
+    and the grid table by test_condition_table.py::test_the_grid_table_reads_the_calls_of_paired_items."""
     root = RESULTS / "claims"
     grid = claims_grid.ClaimsGrid()
     tables = claims_report.compute(root, grid)
@@ -341,7 +350,9 @@ def test_a_rerun_reproduces_the_committed_records(real, tmp_path):
     """The first five items of the committed grid (the fifth is the first served from an assembled
     cache), rerun by today's code: every call's tokens, route, gate decisions and repaired rows as
     committed (the counts now derived from the run's own lists, `records.committed`). A change that
-    moves any of them is a change in behaviour, not in layout. The gate's
+    moves any of them is a change in behaviour, not in layout. It is a drift check: it holds today's code
+    equal to the records an earlier version of it committed, so it catches a change to either, not an error
+    both share. The gate's
     floats (entropy, threshold, anchor weights) are compared within a tolerance, since their last bits
     differ between CPUs; modes, reasons, tokens, rows and every other int or string exactly."""
     from conftest import record_differences
@@ -449,7 +460,11 @@ def test_with_three_models_each_later_model_is_read_against_the_first_in_one_hol
 def test_the_committed_gemma_grid_gives_the_documented_grid_table():
     """`claims_report.GEMMA` holds Gemma 3 270M's runs of the same grid; its verdicts are its own Holm family,
     recomputed from its records, and docs/results.md's Gemma grid table is what its folder gives (the
-    transfer table, which reads it beside the other two models, is the Qwen coder's test's)."""
+    transfer table, which reads it beside the other two models, is the Qwen coder's test's). It is a drift
+    check: it holds the verdicts computed from the committed records equal to the folder's verdicts.csv, and
+    the markdown of its committed grid_table.csv equal to the lines of docs/results.md, so it catches a change
+    to the code or to a committed file without judging which is right; the verdicts themselves are checked on
+    hand-made records by test_a_grid_with_only_row_matched_controls_reads_its_claims_on_them."""
     root = claims_report.GEMMA
     tables = claims_report.compute(root)
     committed = pd.read_csv(root / "verdicts.csv")
@@ -492,7 +507,7 @@ def test_two_repairs_level_on_pass_fail_items_are_read_by_tangos_test_not_a_t_te
     calls = pd.DataFrame(
         [{"condition": c, "item_id": str(i), "mode": "dense"} for c in items["condition"].unique() for i in range(n)]
     )
-    table = claims.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16")
+    table = synthetic.verdicts(items, calls, "bcr-chunk:chunk=16", cacheblend="cacheblend-cost:chunk=16")
     row = table.set_index("claim").loc["BCR is level with CacheBlend at matched cost"]
     assert "Tango's score tests" in row["test"] and row["effect"] == pytest.approx(0.01)
     assert row["tost_hi"] > 0.04 and row["tost_lo"] < -0.01 and 0.01 < row["p"] < 0.05
@@ -505,8 +520,14 @@ def test_the_committed_qwen_coder_grid_gives_the_documented_three_model_transfer
     """`claims_report.QWEN_CODER` holds the Qwen coder's run of the same grid (bf16, its own prompt rule): its
     verdicts are its own Holm family, recomputed from its records, and docs/results.md shows its verdicts, its
     grid table, the three-model transfer table and the line reading its synthetic family beside its HumanEval
-    cell (`humaneval/` in the same folder, which the synthetic family does not read)."""
-    from bcr_core.analysis import humaneval_claims, workload
+    cell (`humaneval/` in the same folder, which the synthetic family does not read). It is a drift check: it
+    holds the verdicts computed from the committed records equal to the folder's verdicts.csv, and the
+    markdown the code prints from them equal to the lines of docs/results.md, so it catches a change to the
+    code or to a committed file without judging which is right; the transfer table itself is checked on
+    simulated models by test_a_claim_transfers_only_with_equivalent_effects_and_not_where_they_differ and
+    test_with_three_models_each_later_model_is_read_against_the_first_in_one_holm_family."""
+    from bcr_core.analysis.claims import humaneval as humaneval_claims
+    from bcr_core.analysis.claims import workload
     from bcr_core.run_folder import RunFolder
 
     root = claims_report.QWEN_CODER
@@ -531,8 +552,8 @@ def test_the_committed_qwen_coder_grid_gives_the_documented_three_model_transfer
 def test_the_grid_prints_a_kl_p_at_its_resampling_floor_as_a_bound():
     """A sign-flip p at its floor (1 / (R + 1)) is a bound, not a value: the grid's KL p column prints it as the
     verdict tables do ("< 5e-05"), and a p above the floor as it is."""
-    from bcr_core.analysis.inference import sign_flip
-    from bcr_core.analysis.summary import KL_RESAMPLES
+    from bcr_core.analysis.reports.summary import KL_RESAMPLES
+    from bcr_core.analysis.statistics.inference import sign_flip
 
     floor = sign_flip([0.01] * 40, resamples=KL_RESAMPLES)  # every item the same sign: no flip reaches it
     assert floor == pytest.approx(1 / (KL_RESAMPLES + 1))

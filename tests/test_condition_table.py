@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.analysis.summary import COLUMNS, GRID, GROUPS, RUN, condition_table
+from bcr_core.analysis.reports.summary import COLUMNS, GRID, GROUPS, RUN, condition_table
 from bcr_core.errors import UsageError
 
 PAIRED = ["q1", "q2", "q3", "q4", "q5", "q6"]

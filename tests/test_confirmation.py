@@ -1,4 +1,4 @@
-"""A confirmation read as its own family (`analysis.confirmation`), on run folders written out by hand: its
+"""A confirmation read as its own family (`analysis.claims.confirmation`), on run folders written out by hand: its
 planned claims only, on exactly its n items; a world where the effect is absent never reads "holds"; fewer
 items than planned read "incomplete"; items a pilot read are refused in one line; the pilot's own family
 never takes the confirmation's items."""
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from bcr_core.analysis import claims_grid, confirmation
+from bcr_core.analysis.claims import confirmation
+from bcr_core.analysis.reports import claims_grid
 from bcr_core.errors import UsageError
 from bcr_core.run_folder import RunFolder
 
@@ -79,8 +80,13 @@ def test_a_confirmation_on_the_pilots_items_is_refused_in_one_line_and_the_pilot
 
 def test_the_committed_confirmation_gives_the_documented_verdicts():
     """results/claims/confirm-1 (SmolLM2's confirmation of its two reuse-cost rows): read as its own family on its
-    489 planned items, both hold, and docs/results.md shows exactly that table."""
-    from bcr_core.analysis import claims_report
+    489 planned items, both hold, and docs/results.md shows exactly that table. The docs part is a drift
+    check: it holds the table the code prints from the committed records equal to the lines of
+    docs/results.md, so it catches a change to either without judging which is right; the reading itself is
+    checked on hand-written runs by
+    test_a_confirmation_where_the_effects_hold_reads_holds_on_its_planned_claims_only and
+    test_where_the_effect_is_absent_a_confirmation_never_reads_holds."""
+    from bcr_core.analysis.reports import claims_report
     from bcr_core.paths import CHECKOUT, RESULTS
 
     run = RunFolder(RESULTS / "claims" / "confirm-1")

@@ -11,7 +11,7 @@ from scipy import stats as scipy_stats
 
 from bcr_core import lab
 from bcr_core.agents.pipeline import Pipeline, RequestRecord
-from bcr_core.analysis.summary import condition_table
+from bcr_core.analysis.reports.summary import condition_table
 from bcr_core.conditions import make_server, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import Chunk, LayoutConfig

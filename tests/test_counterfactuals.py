@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.analysis import claims, claims_report
+from bcr_core.analysis.claims import synthetic
+from bcr_core.analysis.reports import claims_report
 
 N = 2000
 BCR, PREDICTED, BLEND = "bcr-chunk:chunk=16", "bcr-chunk:chunk=16,rank=predicted", "cacheblend-cost:chunk=16"
@@ -90,7 +91,7 @@ def family(**changes) -> pd.DataFrame:
 def read(changes: tuple) -> pd.DataFrame:
     """The verdict family of a world (computed once per world: the tests share the paper's)."""
     items, calls = world(**dict(changes))
-    return claims.verdicts(items, calls, BCR, cacheblend=BLEND, gate_settings=tuple(GATE)).set_index("claim")
+    return synthetic.verdicts(items, calls, BCR, cacheblend=BLEND, gate_settings=tuple(GATE)).set_index("claim")
 
 
 # each family row, and a world where the paper's claim is false
@@ -175,7 +176,7 @@ def test_the_unit_claim_holds_and_fails_with_its_curve():
     items, calls = world()
     read = {}
     for name, curve in (("true", unit_curve(0.4, 0.1)), ("false", unit_curve(0.1, 0.4))):
-        table = claims.verdicts(items, calls, BCR, curve=curve).set_index("claim")
+        table = synthetic.verdicts(items, calls, BCR, curve=curve).set_index("claim")
         read[name] = table.loc["informed choice loses value as the unit grows", "verdict"]
     assert read == {"true": "holds", "false": "does not hold"}
 

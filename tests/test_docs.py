@@ -67,8 +67,8 @@ def design_sections() -> set[str]:
 
 def test_the_rules_see_what_they_check():
     names = dict(dotted_names())
-    assert "bcr_core.analysis.binary.mcnemar_exact" in names  # docs/design.md is scanned
-    assert "bcr_core.analysis.summary.with_agreement" in names  # and so are docstrings
+    assert "bcr_core.analysis.statistics.binary.mcnemar_exact" in names  # docs/design.md is scanned
+    assert "bcr_core.analysis.claims.protocol.with_agreement" in names  # and so are docstrings
     assert resolve("lab.tables.line_points") is resolve("bcr_core.lab.tables.line_points")
     with pytest.raises(AttributeError):
         resolve("bcr_core.lab.tables.no_such_name")

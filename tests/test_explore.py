@@ -427,9 +427,9 @@ def test_an_explorer_whose_server_dies_exits_non_zero_saying_so(tmp_path):
 
 
 def test_after_ctrl_c_a_hung_explore_says_where_and_exits_within_its_bound(tmp_path):
-    """The bound `bcr explore` sets after Ctrl-C (`commands.stop_within`), injected into a process that
+    """The bound `bcr explore` sets after Ctrl-C (`lab.serving.stop_within`), injected into a process that
     then hangs: it exits with status 1 at the bound, its stderr naming the line it hung on."""
-    hang = "from bcr_core.commands import stop_within\nimport time\nstop_within(1)\ntime.sleep(60)\n"
+    hang = "from bcr_core.lab.serving import stop_within\nimport time\nstop_within(1)\ntime.sleep(60)\n"
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", hang], capture_output=True, text=True, timeout=30, cwd=CHECKOUT)
     assert done.returncode == 1 and time.monotonic() - started < 20

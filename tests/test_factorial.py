@@ -1,4 +1,4 @@
-"""The HumanEval cell's 2x2 (`analysis.factorial`): each contrast recomputed here from the committed records
+"""The HumanEval cell's 2x2 (`analysis.claims.factorial`): each contrast recomputed here from the committed records
 with plain pandas, the numbers an independent reimplementation found on the committed cell, and worlds where
 one factor does nothing."""
 
@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bcr_core.analysis import factorial
-from bcr_core.analysis.claims_report import QWEN_CODER
-from bcr_core.analysis.humaneval_claims import with_code_agreement
+from bcr_core.analysis.claims import factorial
+from bcr_core.analysis.claims.humaneval import with_code_agreement
+from bcr_core.analysis.reports.claims_report import QWEN_CODER
 from bcr_core.run_folder import RunFolder
 
 CELLS = {
@@ -106,7 +106,8 @@ def test_the_report_prints_the_square_as_docs_show_it(items):
 
 def test_docs_show_the_square_the_report_prints(items):
     """docs/results.md pastes `bcr report humaneval`'s square for the committed cell (drift check: it catches
-    docs that fell behind the records, not an error in the square)."""
+    docs that fell behind the records, not an error in the square). The square itself is checked against
+    contrasts written out here by test_every_contrast_is_the_mean_of_its_per_item_differences."""
     from bcr_core.paths import CHECKOUT
 
     shown_in = (CHECKOUT / "docs" / "results.md").read_text()

@@ -46,7 +46,7 @@ def test_accuracy_bars_are_the_tables_values_with_wilson_intervals():
 
 def test_gate_points_are_paired_means_and_the_line_runs_through_dense_and_the_endpoint():
     """Four items; kvcomm@1 misses item 3, so every point is over items 0-2 only (paired)."""
-    from bcr_core.analysis.claims import gate_points
+    from bcr_core.analysis.claims.synthetic import gate_points
 
     rows = []
     for condition, correct, reuse in [

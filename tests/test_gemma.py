@@ -122,7 +122,9 @@ def test_quickstart_notebook_runs_in_smoke_mode_on_gemma(gemma, tmp_path):
 def test_a_rerun_of_the_first_items_reproduces_the_committed_gate_records(gemma, tmp_path):
     """The committed gate sweep (base caches behind <bos>, one-shot prompt, line stop) is what the code makes:
     its first five items rerun under Dense, KVComm and OpenGate give the same answers, routes and gate
-    decisions call by call (item 4 is the first whose calls reuse, so the anchor pool's warm-up is covered)."""
+    decisions call by call (item 4 is the first whose calls reuse, so the anchor pool's warm-up is covered).
+    It is a drift check: it holds today's code equal to the records an earlier version of it committed, so it
+    catches a change to either, not an error both share."""
     from bcr_core.paths import RESULTS
     from bcr_core.run_folder import read_calls, read_records
     from bcr_core.runs.cell import Cell

@@ -1,4 +1,4 @@
-"""The HumanEval family (`analysis.humaneval_claims`) can fail, row by row: per-item records of a world where
+"""The HumanEval family (`analysis.claims.humaneval`) can fail, row by row: per-item records of a world where
 the paper's HumanEval claims are true read "holds", and worlds where one is false read "does not hold" on
 that row (Dense's records in KVComm's place, token-matched Dense's in Dense's, and so on).
 
@@ -8,7 +8,7 @@ every outcome one-sided (a condition passes on its first k items, its code is De
 import pandas as pd
 import pytest
 
-from bcr_core.analysis import humaneval_claims as hc
+from bcr_core.analysis.claims import humaneval as hc
 
 N = 164
 BCR, COINS = "bcr-chunk", ["coin-chunk:seed=0", "coin-chunk:seed=1"]
@@ -149,15 +149,19 @@ def test_bcr_report_humaneval_writes_the_family_and_the_seams_of_a_run_folder(tm
     (tmp_path / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items.to_dict("records")))
     (tmp_path / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in calls.to_dict("records")))
     assert main(["report", "humaneval", str(tmp_path)]) == 0
+    assert not (tmp_path / "verdicts.csv").exists() and not (tmp_path / "seams.csv").exists()  # it only prints
+    printed_alone = capsys.readouterr().out
+    assert main(["report", "humaneval", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
-    written = pd.read_csv(tmp_path / "verdicts.csv")
+    assert printed == printed_alone
+    written = pd.read_csv(tmp_path / "out" / "verdicts.csv")
     assert list(written["claim"]) == list(hc.PLAN) and set(written["verdict"]) == {"holds"}
     assert "| reuse costs nothing on HumanEval | pass@1 |" in printed
-    counted = pd.read_csv(tmp_path / "seams.csv")
+    counted = pd.read_csv(tmp_path / "out" / "seams.csv")
     assert counted["calls"].sum() == N and counted["share_of_calls"].max() == 1.0  # every call of token-matched Dense
     assert "token-matched-dense's 164 calls; ids identical to Dense's on 0" in printed
     assert "Every condition (description)" in printed and "| `dense` | 164 | " in printed
-    assert counted["kind"].tolist() == ["'Maria'"] and counted["reuse_path_split"].tolist() == ["Ma | ria"]
+    assert counted["kind"].tolist() == ["'Maria'"] and counted["reuse_path_split"].tolist() == ['["Ma", "ria"]']
     assert "| `'Maria'` | `'Ma'` + `'ria'` | 164 | 164 (100.0%) |" in printed  # the pieces read back as text
     assert "Partial" not in printed
     # a run still going: KVComm has served 100 of the 164 planned items
@@ -187,7 +191,7 @@ def test_bcr_against_kvcomm_says_the_share_of_the_approximation_it_recovers():
 def test_the_workload_line_reads_the_two_families_verdicts(synthetic, change, said):
     """The synthetic family's reuse-cost verdict (a table as `claims.verdicts` gives it) and the HumanEval
     family's null, read from a world where the paper is right and from worlds where it is not."""
-    from bcr_core.analysis import workload
+    from bcr_core.analysis.claims import workload
 
     table = pd.DataFrame({"claim": ["reuse costs accuracy"], "verdict": [synthetic]})
     line = workload.workload_line(table, hc.humaneval_verdicts(*world(**change)))
@@ -197,15 +201,36 @@ def test_the_workload_line_reads_the_two_families_verdicts(synthetic, change, sa
 def test_a_seam_shows_in_a_markdown_table_cell_whatever_its_characters():
     """A closing code fence and a pipe are what code agents write; in a table cell a backtick must not end
     the code span and a pipe must not end the cell (GitHub's rules: doubled delimiters, an escaped pipe)."""
-    from bcr_core.analysis.humaneval_report import code_span, seams_markdown
+    from bcr_core.analysis.reports.humaneval_report import code_span, seams_markdown
 
     assert code_span("'```'") == "`` '```' ``" and code_span("'a|b'") == "`'a\\|b'`"
     table = pd.DataFrame(
-        {"kind": ["'```\\n\\n'"], "seams": [3], "calls": [2], "share_of_calls": [0.5], "reuse_path_split": ["``` | ĊĊ"]}
+        {"kind": ["'```\\n\\n'"], "seams": [3], "calls": [2], "share_of_calls": [0.5]}
+        | {"reuse_path_split": ['["```", "\\n\\n"]']}
     )
     (line,) = seams_markdown(table).splitlines()[2:]
     assert line == "| `` '```\\n\\n' `` | `` '```' `` + `'\\n\\n'` | 3 | 2 (50.0%) |"
     assert line.replace("\\|", "").count("|") == 5  # four cells
+
+
+def test_a_seam_is_read_back_by_the_models_own_tokenizer_whatever_its_kind_of_tokens():
+    """A SentencePiece vocabulary (Gemma's kind) marks a word's start with '▁', which a byte-level decoder would
+    print as it is: each piece of the reuse path is text decoded by the model's own tokenizer, never its token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from bcr_core.analysis.reports.humaneval_report import seams_markdown
+    from bcr_core.analysis.reports.seams import seam_counts, seam_rows
+
+    vocab = {"<unk>": 0, "▁Maria": 1, "▁Ma": 2, "ria": 3, "▁says": 4}
+    sentencepiece = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    sentencepiece.pre_tokenizer, sentencepiece.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=sentencepiece)
+    call = {"condition": "token-matched-dense", "item_id": "HumanEval/0", "node": "agent_1"}
+    rows = seam_rows([call | {"dense_ids": [4, 1], "merged_ids": [4, 2, 3]}], tokenizer)
+    assert rows["merged_tokens"].tolist() == [["▁Ma", "ria"]] and rows["merged_pieces"].tolist() == [["Ma", "ria"]]
+    (line,) = seams_markdown(seam_counts(rows, 1)).splitlines()[2:]
+    assert "▁" not in line and "`'Ma'` + `'ria'`" in line
 
 
 def test_the_committed_humaneval_cell_gives_the_documented_verdicts_conditions_and_seams():
@@ -213,8 +238,8 @@ def test_the_committed_humaneval_cell_gives_the_documented_verdicts_conditions_a
     records, the seams counted from the run's id lists): every condition on the same 140 tasks, its family
     recomputed from the records is the committed verdicts.csv, and docs/results.md shows what `bcr report
     humaneval` prints for it."""
-    from bcr_core.analysis import claims_report
-    from bcr_core.analysis import humaneval_report as report
+    from bcr_core.analysis.reports import claims_report
+    from bcr_core.analysis.reports import humaneval_report as report
     from bcr_core.paths import CHECKOUT
     from bcr_core.run_folder import RunFolder
 
@@ -248,8 +273,8 @@ def test_the_committed_humaneval_cell_gives_the_documented_verdicts_conditions_a
 def test_the_floor_prints_beside_the_agreement_measures():
     """Without `dense-again` the floor is read from the records: first calls served by a dense prefill of Dense's
     very ids whose tokens are not Dense's (4 of 26 in the committed cell, on two tasks); with it, its agreement."""
-    from bcr_core.analysis import claims_report
-    from bcr_core.analysis.humaneval_report import floor_text
+    from bcr_core.analysis.reports import claims_report
+    from bcr_core.analysis.reports.humaneval_report import floor_text
     from bcr_core.run_folder import RunFolder
 
     run = RunFolder(claims_report.QWEN_CODER / "humaneval")
@@ -269,9 +294,9 @@ def test_the_committed_cells_labels_say_what_their_tests_computed():
     Newcombe's; the KL row's items needed are prospective at a tenth of KVComm's KL (159), the post-hoc figure
     at the observed effect labelled apart (15,125); Dense, which never takes the reuse path's ids, prints no
     share of calls whose reuse-path ids are Dense's."""
-    from bcr_core.analysis import claims_report
-    from bcr_core.analysis import humaneval_report as report
-    from bcr_core.analysis import inference as inf
+    from bcr_core.analysis.reports import claims_report
+    from bcr_core.analysis.reports import humaneval_report as report
+    from bcr_core.analysis.statistics import inference as inf
     from bcr_core.run_folder import RunFolder
 
     run = RunFolder(claims_report.QWEN_CODER / "humaneval")

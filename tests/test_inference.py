@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bcr_core.analysis import inference as inf
+from bcr_core.analysis.statistics import inference as inf
+from bcr_core.analysis.statistics import power
 
 
 @pytest.mark.parametrize(
@@ -76,7 +77,7 @@ def power_by_enumeration(p10: float, p01: float, n: int, alpha: float) -> float:
 
 @pytest.mark.parametrize("p10, p01, n", [(0.3, 0.1, 30), (0.2, 0.15, 25), (0.05, 0.4, 20)])
 def test_mcnemar_power_equals_the_enumeration(p10, p01, n):
-    assert inf.mcnemar_power(p10, p01, n, 0.05) == pytest.approx(power_by_enumeration(p10, p01, n, 0.05), abs=1e-6)
+    assert power.mcnemar_power(p10, p01, n, 0.05) == pytest.approx(power_by_enumeration(p10, p01, n, 0.05), abs=1e-6)
 
 
 def test_connors_formula_and_the_exact_search():
@@ -84,26 +85,26 @@ def test_connors_formula_and_the_exact_search():
     for p10, p01 in [(0.09, 0.095), (0.045, 0.025), (0.2, 0.1)]:
         psi, delta = p10 + p01, p10 - p01
         written = (za * math.sqrt(psi) + zb * math.sqrt(psi - delta**2)) ** 2 / delta**2
-        assert inf.connor_items(p10, p01) == pytest.approx(written)
-        exact = inf.mcnemar_items_needed(p10, p01)
+        assert power.connor_items(p10, p01) == pytest.approx(written)
+        exact = power.mcnemar_items_needed(p10, p01)
         assert exact == pytest.approx(written, rel=0.10)  # the exact test is a little less powerful
-        assert inf.mcnemar_power(p10, p01, exact) >= 0.8 > inf.mcnemar_power(p10, p01, exact - 1)
-    assert inf.mcnemar_items_needed(0.1, 0.1) is None  # equal rates: no n decides them
+        assert power.mcnemar_power(p10, p01, exact) >= 0.8 > power.mcnemar_power(p10, p01, exact - 1)
+    assert power.mcnemar_items_needed(0.1, 0.1) is None  # equal rates: no n decides them
 
 
 def test_detectable_difference_sits_at_80_percent_power():
     psi, n = 0.185, 200
-    delta = inf.detectable_difference(psi, n)
-    assert inf.mcnemar_power((psi + delta) / 2, (psi - delta) / 2, n) >= 0.8
-    assert inf.mcnemar_power((psi + 0.95 * delta) / 2, (psi - 0.95 * delta) / 2, n) < 0.8
-    assert inf.detectable_difference(0.02, 20) is None  # 20 items with ~0.4 discordant cannot
+    delta = power.detectable_difference(psi, n)
+    assert power.mcnemar_power((psi + delta) / 2, (psi - delta) / 2, n) >= 0.8
+    assert power.mcnemar_power((psi + 0.95 * delta) / 2, (psi - 0.95 * delta) / 2, n) < 0.8
+    assert power.detectable_difference(0.02, 20) is None  # 20 items with ~0.4 discordant cannot
 
 
 def test_mean_power_approximation_written_out():
     d = np.array([0.1, 0.3, -0.05, 0.2, 0.15, 0.0, 0.25, 0.05])
     z = 1.959963984540054 + 0.8416212335729143
-    assert inf.mean_items_needed(d) == math.ceil((z * d.std(ddof=1) / d.mean()) ** 2)
-    assert inf.mean_detectable(d) == pytest.approx(z * d.std(ddof=1) / math.sqrt(d.size))
+    assert power.mean_items_needed(d) == math.ceil((z * d.std(ddof=1) / d.mean()) ** 2)
+    assert power.mean_detectable(d) == pytest.approx(z * d.std(ddof=1) / math.sqrt(d.size))
 
 
 def test_tost_by_interval_inversion_equals_two_one_sided_t_tests():
@@ -168,18 +169,18 @@ def test_tangos_tost_power_is_the_share_of_simulated_samples_it_decides():
     for p10, p01, n in [(0.05, 0.05, 300), (0.08, 0.02, 164), (0.0, 0.0, 80)]:
         counts = rng.multinomial(n, [p10, p01, 1 - p10 - p01], size=4000)
         simulated = np.mean([inf.tango_tost(b, c, n, 0.04) < 0.05 for b, c, _ in counts])
-        assert inf.tango_tost_power(p10, p01, n, 0.04) == pytest.approx(simulated, abs=0.025), (p10, p01, n)
-    n = inf.tango_items_needed(0.1, 0.04)
-    assert inf.tango_tost_power(0.05, 0.05, n, 0.04) >= 0.8 > inf.tango_tost_power(0.05, 0.05, n - 1, 0.04)
+        assert power.tango_tost_power(p10, p01, n, 0.04) == pytest.approx(simulated, abs=0.025), (p10, p01, n)
+    n = power.tango_items_needed(0.1, 0.04)
+    assert power.tango_tost_power(0.05, 0.05, n, 0.04) >= 0.8 > power.tango_tost_power(0.05, 0.05, n - 1, 0.04)
     # the normal approximation on 0/1 differences of the same spread lands near it
     z = stats.norm.ppf(0.95) + stats.norm.ppf(0.9)
     assert n == pytest.approx((z * math.sqrt(0.1) / 0.04) ** 2, rel=0.1)
     # no discordance at all: the n at which that many concordant pairs alone show equivalence, not 2
-    none = inf.tango_items_needed(0.0, 0.04)
+    none = power.tango_items_needed(0.0, 0.04)
     assert inf.tango_tost(0, 0, none, 0.04) < 0.05 <= inf.tango_tost(0, 0, none - 1, 0.04)
-    assert inf.tango_items_needed(0.5, 0.04, limit=1000) is None
+    assert power.tango_items_needed(0.5, 0.04, limit=1000) is None
     with pytest.raises(ValueError, match="discordance in"):
-        inf.tango_items_needed(1.5, 0.04)
+        power.tango_items_needed(1.5, 0.04)
 
 
 def test_values_that_do_not_vary_are_evidence_in_proportion_to_their_number_not_certainty():
@@ -198,8 +199,8 @@ def test_values_that_do_not_vary_are_evidence_in_proportion_to_their_number_not_
     assert (1 - hi) ** n == pytest.approx(0.025, rel=1e-9) and lo == pytest.approx(-hi, rel=1e-12)
     assert inf.t_noninferior(np.full(5, 1.0), margin) == pytest.approx(((1 - margin) / 2) ** 5, rel=1e-12)
     assert inf.t_tost(np.full(9, 0.5), margin) == 1.0  # a constant offset beyond the margin shows no equivalence
-    assert inf.tost_items_needed(np.zeros(10), margin) == math.ceil(math.log(0.05) / math.log(1 - margin))
-    assert inf.t_tost(np.zeros(inf.tost_items_needed(np.zeros(10), margin)), margin) < 0.05
+    assert power.tost_items_needed(np.zeros(10), margin) == math.ceil(math.log(0.05) / math.log(1 - margin))
+    assert inf.t_tost(np.zeros(power.tost_items_needed(np.zeros(10), margin)), margin) < 0.05
     # every item the same nonzero gain: the sign-flip needs 6 items (2 / 2^6 < 0.05), never "0 items"
-    needed = inf.mean_items_needed(np.full(4, 0.25))
+    needed = power.mean_items_needed(np.full(4, 0.25))
     assert inf.sign_flip(np.full(needed, 0.25)) < 0.05 <= inf.sign_flip(np.full(needed - 1, 0.25))

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE, FAMILIES, random_ids, tiny_family_config
+from torch.overrides import TorchFunctionMode
 
 from bcr_core.data import datasets
 from bcr_core.engine.backbone import Backbone
@@ -24,7 +25,9 @@ def tiny(request) -> Backbone:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_rows_product_is_the_same_at_any_place_among_any_companions(dtype):
     """What the decoder relies on: one row's `fixed_row_linear` is one value, alone or at any of 13 places
-    among random companions (two blocks), and equals `F.linear` up to rounding."""
+    among random companions (two blocks), and equals `F.linear` up to rounding. Every product it issues has
+    `ROWS` rows, whatever the batch: a lone row and 13 rows alike are padded to that one shape, and the 13
+    span more than one block, so the places cover a full block and the padded one."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(300, 96, generator=generator).to(dtype)
     row = torch.randn(96, generator=generator).to(dtype)
@@ -35,7 +38,24 @@ def test_a_rows_product_is_the_same_at_any_place_among_any_companions(dtype):
         assert torch.equal(fixed_row_linear(batch, weight)[place], alone)
     plain = F.linear(row[None], weight)[0].double()
     assert (alone.double() - plain).abs().max() <= 64 * torch.finfo(dtype).eps * plain.abs().max()
-    assert ROWS == 8
+    for m in (1, 13):  # one shape: a lone row padded to `ROWS` rows, 13 rows cut into blocks of `ROWS`
+        with ProductRows() as products:
+            fixed_row_linear(torch.randn(m, 96, generator=generator).to(dtype), weight)
+        assert products.rows == [ROWS] * -(-m // ROWS), (m, products.rows)
+    assert 1 < ROWS < 13 and 13 % ROWS  # so the 13 places above meet companions, a full block and a padded one
+
+
+class ProductRows(TorchFunctionMode):
+    """The row count of every `F.linear` run inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear:
+            self.rows.append(args[0].shape[0])
+        return func(*args, **(kwargs or {}))
 
 
 class Logits:

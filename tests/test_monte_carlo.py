@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from bcr_core.analysis import inference, monte_carlo, protocol
+from bcr_core.analysis.claims import protocol
+from bcr_core.analysis.statistics import inference, monte_carlo, power
 
 
 def near_threshold_gain(n: int = 200, seed: int = 3) -> np.ndarray:
@@ -61,7 +62,7 @@ def test_prospective_power_of_the_sign_flip_reaches_80_percent_by_simulation():
     effect reject in about 80% of runs (the sign-flip that decides, 2,000 flips each)."""
     spread, effect = 0.3, 0.05
     pilot = np.random.default_rng(0).normal(0, spread, 400)
-    n = inference.mean_items_needed_at(pilot, effect)
+    n = power.mean_items_needed_at(pilot, effect)
     assert n == pytest.approx(((1.959964 + 0.841621) * pilot.std(ddof=1) / effect) ** 2, abs=1)
     rng = np.random.default_rng(1)
     hits = [inference.sign_flip(rng.normal(effect, spread, n), resamples=2_000, seed=k) < 0.05 for k in range(300)]
@@ -71,7 +72,7 @@ def test_prospective_power_of_the_sign_flip_reaches_80_percent_by_simulation():
 def test_the_tost_items_needed_reach_80_percent_power_at_a_true_zero():
     margin, spread = 0.05, 0.4
     pilot = np.random.default_rng(2).normal(0, spread, 500)
-    n = inference.tost_items_needed(pilot, margin)
+    n = power.tost_items_needed(pilot, margin)
     rng = np.random.default_rng(3)
     hits = [inference.t_tost(rng.normal(0, pilot.std(ddof=1), n), margin) < 0.05 for _ in range(1000)]
     assert 0.76 < np.mean(hits) < 0.84

@@ -347,9 +347,22 @@ def test_readable_tables_and_a_too_small_n_are_caught_up_front():
         params.check(n=2).at_least("n", 3, "the pool needs two items")
     for name in ("00_quickstart", "09_attention_explorer"):
         check = [c for c in nbformat.read(notebook_paths([name])[0], as_version=4).cells if c.cell_type == "code"][1]
-        minimum = re.search(r'at_least\(\s*"n",\s*(3\b|MIN_REQUESTS\b)', check.source)  # however formatted
+        minimum = re.search(r'at_least\(\s*"n",\s*(\d+|MIN_REQUESTS)\b', check.source)  # however formatted
         assert minimum, name
-    assert inspection.MIN_REQUESTS == 3  # what 09 and `bcr explore` name
+        said = inspection.MIN_REQUESTS if minimum.group(1) == "MIN_REQUESTS" else int(minimum.group(1))
+        assert said == inspection.MIN_REQUESTS, name  # 00 writes the number, 09 and `bcr explore` name it
+
+
+def test_the_fewest_requests_an_inspection_takes_are_the_fewest_that_give_it_a_call_to_show(tiny_chat):
+    """`inspection.MIN_REQUESTS` is where KVComm's anchor pool first lets a request be served from an
+    assembled cache (at gamma 1, reuse whenever two anchors exist): one request fewer leaves an inspection
+    with no call to show, that many give its last request one."""
+    items = COMPARISON.items()
+    for n in (inspection.MIN_REQUESTS - 1, inspection.MIN_REQUESTS):
+        shown = lab.inspect_requests(
+            tiny_chat, "synthetic", items[:n], 2, "bcr-chunk@0.2:gamma=1,chunk=16", 4, progress=False, rank=False
+        )
+        assert {v.index for v in shown.views} == ({n - 1} if n == inspection.MIN_REQUESTS else set()), n
 
 
 # -- every notebook, headless -----------------------------------------------------------------------

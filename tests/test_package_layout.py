@@ -97,7 +97,9 @@ def test_the_graph_sees_what_it_checks():
     graph = import_graph()
     assert "bcr_core.runs.grid_task" in graph["bcr_core.runs.grid_ray"]  # a module-level import
     assert "bcr_core.runs.grid_ray" in graph["bcr_core.runs.grid"]  # an import inside a function
-    assert "bcr_core.analysis.inference" in graph["bcr_core.analysis.protocol"]  # `from PACKAGE import MODULE`
+    assert (
+        "bcr_core.analysis.statistics.inference" in graph["bcr_core.analysis.claims.protocol"]
+    )  # `from PACKAGE import MODULE`
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -114,7 +116,7 @@ def layout_table() -> list[tuple[str, list[str]]]:
     rows, package = [], None
     for line in text.strip().splitlines()[1:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        package = cells[0].strip("`").rstrip("/") or package
+        package = cells[0].strip("`").rstrip("/").replace("/", ".") or package
         rows.append((package, [m.strip("` ") for m in cells[1].split(",")]))
     return rows
 
@@ -133,7 +135,10 @@ def test_every_module_imports_only_what_sits_above_it_in_the_readme_layout():
         package = dotted.rsplit(".", 1)[0]
         if package != "bcr_core":
             first_row[package] = min(first_row.get(package, row), row)
-    level = lambda m: first_row.get(m.rsplit(".", 1)[0], rank[m])  # noqa: E731
+
+    def level(module: str) -> int:
+        return first_row.get(module.rsplit(".", 1)[0], rank[module])
+
     graph = import_graph()
     modules = {m for m in graph if not module_files()[m].name == "__init__.py"}
     assert sorted(modules - rank.keys()) == [], "modules the README's Layout table does not list"
@@ -160,3 +165,37 @@ def test_no_function_in_the_package_is_over_sixty_lines():
     assert long_functions(f"class A:\n    def long(self):\n{body.replace('    ', '        ')}\n") == ["long (61)"]
     found = {name: long_functions(path.read_text()) for name, path in module_files().items()}
     assert {name: long for name, long in found.items() if long} == {}
+
+
+ANALYSIS = "bcr_core.analysis"
+LAYERS = ("statistics", "claims", "reports")  # bottom to top
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """The edges that break `analysis`'s layering: a statistics module importing any `bcr_core` module outside
+    `statistics`, or any analysis module importing a layer above its own."""
+    layer_of = {m: m.split(".")[2] for m in graph if m.startswith(f"{ANALYSIS}.") and m.count(".") >= 3}
+    found = []
+    for module, layer in sorted(layer_of.items()):
+        for target in sorted(graph[module]):
+            outside = layer == "statistics" and layer_of.get(target) != "statistics"
+            upward = target in layer_of and LAYERS.index(layer_of[target]) > LAYERS.index(layer)
+            if outside or upward:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_analysis_layers_import_only_downward_and_statistics_nothing_of_the_lab():
+    graph = import_graph()
+    layers = {m.split(".")[2] for m in graph if m.startswith(f"{ANALYSIS}.") and m.count(".") >= 3}
+    assert layers == set(LAYERS), "every analysis module sits in one of the three layers"
+    assert layer_violations(graph) == []
+    made_up = {  # a claim reading a report, statistics reading the lab's conditions: both caught
+        f"{ANALYSIS}.claims.a": {f"{ANALYSIS}.reports.b", f"{ANALYSIS}.statistics.c"},
+        f"{ANALYSIS}.reports.b": {f"{ANALYSIS}.claims.a"},
+        f"{ANALYSIS}.statistics.c": {"bcr_core.conditions"},
+    }
+    assert layer_violations(made_up) == [
+        f"{ANALYSIS}.claims.a -> {ANALYSIS}.reports.b",
+        f"{ANALYSIS}.statistics.c -> bcr_core.conditions",
+    ]

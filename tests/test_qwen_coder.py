@@ -133,7 +133,7 @@ def test_dense_serves_the_chat_templates_ids_and_token_matched_dense_the_reuse_p
 def test_the_seams_are_where_a_segment_boundary_splits_a_token(qwen_coder):
     """The reuse path's ids part from Dense's at the seams the issue saw: the docstring's closing quotes
     and the blank line after them, and the blank line after each earlier agent's answer."""
-    from bcr_core.analysis.seams import seam_counts, seam_rows
+    from bcr_core.analysis.reports.seams import seam_counts, seam_rows
 
     tok = qwen_coder.tokenizer
     calls = [
@@ -145,7 +145,7 @@ def test_the_seams_are_where_a_segment_boundary_splits_a_token(qwen_coder):
     counts = seam_counts(rows, len(calls)).set_index("kind")
     assert counts.loc[repr(' """\n\n\n'), "calls"] == 4  # every call: the question segment's end
     assert counts.loc[repr(".\n\n"), "seams"] == 1 + 2 + 3  # one per earlier answer an agent reads
-    assert counts.loc[repr(".\n\n"), "reuse_path_split"] == ". | ĊĊ"
+    assert counts.loc[repr(".\n\n"), "reuse_path_split"] == '[".", "\\n\\n"]'  # the pieces' text
     assert rows.groupby("node")["length_change"].sum().to_dict() == {
         "agent_1": 0,
         "agent_2": 1,

@@ -567,7 +567,7 @@ def test_a_run_that_reuses_nothing_says_why_beneath_its_table(tiny_chat, tmp_pat
     """One item: no placeholder holds an anchor yet, so every condition serves what Dense serves."""
     from collections import Counter
 
-    from bcr_core.analysis.summary import no_reuse_note
+    from bcr_core.analysis.reports.summary import no_reuse_note
 
     monkeypatch.setattr("bcr_core.engine.loading.load_backbone", lambda model, dtype="auto": tiny_chat)
     args = run_args(tmp_path / "r")

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 import torch
 
-from bcr_core.analysis.binary import mcnemar_exact
-from bcr_core.analysis.summary import condition_table, floor_note
+from bcr_core.analysis.reports.summary import condition_table, floor_note
+from bcr_core.analysis.statistics.binary import mcnemar_exact
 from bcr_core.errors import UsageError
 from bcr_core.runs import run_writer, runner
 from bcr_core.runs.cell import Cell, RunSettings

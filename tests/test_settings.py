@@ -125,17 +125,22 @@ def test_bcr_run_s_flags_read_back_every_run_setting_at_its_default():
 
 
 def test_bcr_arena_s_flags_are_the_arena_schema_with_its_own_defaults():
+    from bcr_core import paper
     from bcr_core.arena.run import make_arena_cell
     from bcr_core.commands import settings_of
     from bcr_core.schema import ARENA, RUN
 
     settings = settings_of(parsed(["arena", "--n", "5", "--out", "x"]), ARENA)
     assert settings == {key: s.default for key, s in ARENA.items()} | {"n": 5}
-    # the arena's own defaults, where they differ from `bcr run`'s
-    assert (settings["benchmark"], settings["max_new_tokens"], RUN["max_new_tokens"].default) == ("synthetic", 8, 512)
-    assert settings["rhos"] == [0.05, 0.1, 0.2, 0.4] and settings["chunk"] == 16 and settings["rho"] == 0.2
-    cell = make_arena_cell(**settings)
-    assert cell.conditions == ("bcr-chunk@0.2:chunk=16",) and cell.fidelity and cell.rhos == (0.05, 0.1, 0.2, 0.4)
+    # the arena's own defaults, where they differ from `bcr run`'s: a task `bcr run` makes the user name, and
+    # shorter answers than a run's
+    run = settings_of(parsed(["run", "--benchmark", "mmlu", "--conditions", "dense", "--n", "5", "--out", "x"]), RUN)
+    with pytest.raises(SystemExit):
+        parsed(["run", "--conditions", "dense", "--n", "5", "--out", "x"])  # no --benchmark
+    assert settings["benchmark"] == "synthetic" and settings["max_new_tokens"] < run["max_new_tokens"]
+    cell = make_arena_cell(**settings)  # the cell serves at the settings' budget and unit and sweeps their rhos
+    assert cell.conditions == (f"bcr-chunk@{settings['rho']:g}:chunk={settings['chunk']}",) and cell.fidelity
+    assert cell.rhos == tuple(settings["rhos"]) and settings["rho"] == paper.RHO  # serving at the paper's budget
     assert make_arena_cell(**settings | {"rho": 0.3, "chunk": 8}).conditions == ("bcr-chunk@0.3:chunk=8",)
 
 
@@ -215,7 +220,7 @@ def test_notebooks_10_and_11_start_from_the_schema_s_defaults():
     arena starts at the schema's default, so the notebook and `bcr arena` / `ClaimsGrid` run the same."""
     from ast import literal_eval
 
-    from bcr_core.analysis.claims_grid import ClaimsGrid
+    from bcr_core.analysis.reports.claims_grid import ClaimsGrid
     from bcr_core.lab.notebooks import declared_parameters, notebook_paths
     from bcr_core.schema import ARENA, CLAIMS
 

@@ -106,3 +106,17 @@ def test_the_draft_attention_matches_hf_eager_weights(tiny):
     expected = torch.stack([a[0, :, :, : kv.length].transpose(0, 1) for a in out.attentions])  # (L, k, H, T)
     assert rounding_close(draft.attention, expected)
     assert draft.tokens[0] == int(out.logits[0, 0].argmax())
+
+
+def test_reading_the_compiled_step_changes_no_dynamo_setting():
+    """Dynamo's recompile limit is raised once, when `compiled` is chosen (never lowered), not each time
+    the compiled step is read."""
+    cpu = type("Bb", (), {"device": torch.device("cpu")})()
+    with torch._dynamo.config.patch(recompile_limit=8):
+        steps = static.Steps(cpu, mode="compiled")
+        limit = torch._dynamo.config.recompile_limit
+        assert steps.compiled is steps.compiled
+        assert torch._dynamo.config.recompile_limit == limit == static.RECOMPILE_LIMIT
+    with torch._dynamo.config.patch(recompile_limit=1000):
+        static.Steps(cpu, mode="compiled")
+        assert torch._dynamo.config.recompile_limit == 1000

@@ -38,8 +38,9 @@ def test_torch_alone_spins_300000_times():
 
 @pytest.mark.parametrize("first", ["import bcr_core", "from bcr_core import cli"])
 def test_a_process_that_loads_the_lab_first_spins_briefly(first):
-    assert SPIN_COUNT == 2000
-    assert spin_count(f"{first}; import torch; torch.ones(1)") == SPIN_COUNT
+    """What libgomp read is the lab's count, and it is brief: below libgomp's own default, which a process
+    that loads torch alone spins (test_torch_alone_spins_300000_times)."""
+    assert spin_count(f"{first}; import torch; torch.ones(1)") == SPIN_COUNT < DEFAULT_SPINS
 
 
 def test_the_processes_the_lab_starts_inherit_the_policy():

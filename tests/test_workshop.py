@@ -69,7 +69,11 @@ def verdict(table: pd.DataFrame, claim: str) -> pd.Series:
 def test_the_claims_and_curve_it_quotes_are_the_committed_ones():
     """The grid's wasted rows, the verdicts it reads out and the unit curve's gap shares, each
     recomputed here from results/claims (the curve's gap share written out: per prompt, the coin's
-    mean error over its seeds minus informed's, over the unrepaired error, then the mean over prompts)."""
+    mean error over its seeds minus informed's, over the unrepaired error, then the mean over prompts).
+    It is a drift check: it holds the numbers docs/workshop.md quotes equal to the committed grid_table.csv,
+    verdicts.csv and unit_curve.csv, so it catches a change to the doc or to those files without judging which
+    is right (test_claims.py::test_the_committed_results_give_the_committed_verdicts holds verdicts.csv to the
+    code, itself a drift check)."""
     text = doc_text()
     claims = RESULTS / "claims"
     grid = pd.read_csv(claims / "grid_table.csv").set_index("condition").loc["bcr-chunk:chunk=16"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
+from bcr_core.analysis.statistics import inference as inf
 from bcr_core.arena.measures import SEARCHED, arena_frame, is_coin, is_searched
 from bcr_core.arena.registry import current_label, evals_of
 from bcr_core.arena.search import rows_of, stopped_at_cap

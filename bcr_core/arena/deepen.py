@@ -117,7 +117,10 @@ def relabelled(record: dict, cell: ArenaCell) -> dict:
     if "arena" not in record:
         return record
     label, arena = ceiling_label(cell), dict(record["arena"])
-    rename = lambda d: {label if is_searched(k) else k: v for k, v in d.items()}  # noqa: E731
+
+    def rename(d: dict) -> dict:
+        return {label if is_searched(k) else k: v for k, v in d.items()}
+
     arena["cost"], arena["search"] = rename(arena["cost"]), rename(arena.get("search", {}))
     arena["entries"] = [e | {"selector": label} if is_searched(e["selector"]) else e for e in arena["entries"]]
     return record | {"arena": arena}
@@ -213,7 +216,10 @@ def shares_before_after(source: Path, out: Path) -> pd.DataFrame:
     deeper = RunFolder(Path(out)).calls()
     held = {c["item_id"] for c in deeper}
     first = [c for c in RunFolder(Path(source)).calls() if c["item_id"] in held]
-    table = lambda calls: gap_share(arena_frame(calls))[1].set_index("selector")[["gap_share", "lo", "hi"]]  # noqa: E731
+
+    def table(calls: list[dict]) -> pd.DataFrame:
+        return gap_share(arena_frame(calls))[1].set_index("selector")[["gap_share", "lo", "hi"]]
+
     before, after = table(first), table(deeper)
     before.index, after.index = before.index.map(plain), after.index.map(plain)
     return before.add_suffix("_before").join(after.add_suffix("_after")).reset_index()

@@ -1,5 +1,5 @@
 """What every selector of the arena gets, read from its call records, under the claims' protocol
-(`bcr_core.analysis.protocol`): the item is the unit, a coin's seeds are one control.
+(`bcr_core.analysis.claims.protocol`): the item is the unit, a coin's seeds are one control.
 
 - `arena_frame`: one row per (call, selector, budget) of the records' `arena` fields.
 - `per_item`: a measure's per-item mean over the item's assembled calls, items x selectors; the
@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from bcr_core import spec_grammar
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis.protocol import Verdict, family, mean_claim
+from bcr_core.analysis.claims.protocol import Verdict, family, mean_claim
+from bcr_core.analysis.statistics import inference as inf
 from bcr_core.arena.copies import PAIRED
 from bcr_core.arena.registry import current_label
 from bcr_core.errors import UsageError

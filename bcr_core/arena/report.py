@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.analysis.claims_report import model_of, p_texts, transfer, transfer_markdown
+from bcr_core.analysis.reports.claims_report import model_of, p_texts, transfer, transfer_markdown
 from bcr_core.arena import ceiling, measures
 from bcr_core.arena.copies import PAIRED
 from bcr_core.errors import UsageError

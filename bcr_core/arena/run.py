@@ -164,3 +164,16 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
     finally:
         files.release()
     return files.items_table()
+
+
+def arena_table(settings: dict, out: Path) -> pd.DataFrame | None:
+    """`bcr arena`: the cell made from `ARENA`'s settings (checked before the model loads), run or resumed into
+    `out`, and its selector table; None when no call was served from an assembled cache (nothing compared)."""
+    from bcr_core.arena.measures import arena_frame, selector_table
+    from bcr_core.engine.loading import load_backbone
+    from bcr_core.run_folder import RunFolder
+
+    cell = make_arena_cell(**settings)
+    run_arena(load_backbone(cell.model, cell.dtype), cell, out, progress=True)
+    calls = RunFolder(out).calls()
+    return selector_table(arena_frame(calls)) if any(c.get("arena") for c in calls) else None

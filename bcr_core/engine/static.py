@@ -6,13 +6,22 @@ past any position where a row is still empty). A step (`step`) feeds tokens at e
 writes their keys/values into the slab's next rows (`write_rows`), and attends over
 the whole buffer through a mask that hides empty and later rows: its shapes depend only on the
 capacity and the number of tokens fed, never on how full the slab is (gpt-fast's `KVCache`, vLLM's
-batch buckets).
+batch buckets). Slabs are kept per capacity and reused call after call (a graph reads fixed
+addresses); a lock serialises the calls that use them.
 
-So on a GPU one CUDA graph per (capacity, tokens, kernel) is captured at first use and replayed after,
-and the step's host cost (Python through every layer of Hugging Face's forward, 20-35 ms at 8B shapes)
-is paid once, not per token (`Steps`). On a CPU the same function is called plainly, so the CPU tests
-cover what the GPU replays. Slabs are kept per capacity and reused call after call (a graph reads
-fixed addresses); a lock serialises the calls that use them.
+A step runs in one of three modes (`Steps`, `STEP_MODES`), all the same function:
+
+- plain (`"plain"`): `step` called eagerly, the CPU path and its default; it is kept because it is the
+  reference the other two must match, and the mode the CPU tests cover.
+- inductor-compiled (`"compiled"`): `torch.compile(step, fullgraph=True)`; it is kept because it fuses
+  the step's kernels and, on CUDA (`mode="reduce-overhead"`), replays its graphs without hand-written
+  capture code.
+- hand-captured CUDA graphs (`"graphs"`): one `torch.cuda.CUDAGraph` per shape, captured at first use and
+  replayed after, the CUDA default; it is kept because it pays the step's host cost (Python through every
+  layer of Hugging Face's forward) once per shape instead of once per token, with no compiler in the way.
+
+All three stay until a GPU has measured them against each other: none has been, as no GPU is available
+to this project now, so which is fastest is not known and none is retired.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ MIN_CAPACITY = 256  # the smallest slab: a short prompt and its answer
 BUCKETS_PER_OCTAVE = 4  # capacities 256, 320, 384, 448, 512, 640, ...: at most 25% of a slab's rows idle
 ROW_GRID = 64  # every capacity is a multiple of this
 EMPTY = 2**62  # the position of an empty buffer row: after every query, so no causal mask lets it through
+RECOMPILE_LIMIT = 64  # dynamo's recompiles per compiled step: one per capacity bucket x (decode, draft)
 
 
 def capacity(rows: int) -> int:
@@ -116,17 +126,29 @@ def step(
 STEP_MODES = ("plain", "compiled", "graphs")
 
 
+def allow_bucket_recompiles() -> None:
+    """Let dynamo keep a graph per capacity bucket x (decode, draft): more than its default 8 recompiles.
+    Only ever raises the limit, so a higher one set elsewhere is kept; called when `Steps.mode` becomes `compiled`."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+
 class Steps:
-    """Runs `step` for a backbone in one of three modes:
+    """Runs `step` for a backbone in one of three modes, kept side by side until a GPU has measured them
+    against each other (see the module's docstring):
 
-    - `plain`: called as it is (the CPU's default);
-    - `compiled`: `torch.compile(step, fullgraph=True)`, one graph per (capacity, tokens fed, weights or
-      not, kernel): inductor on a CPU, on CUDA `mode="reduce-overhead"` (its CUDA graph trees);
+    - `plain`: called eagerly, as it is (the CPU path, and the default there); the reference the others
+      must match;
+    - `compiled`: inductor through `torch.compile(step, fullgraph=True)`, one graph per (capacity, tokens
+      fed, weights or not, kernel): on a CPU plain inductor, on CUDA `mode="reduce-overhead"` (its CUDA
+      graph trees); kept for its fused kernels without hand-written capture;
     - `graphs`: one CUDA graph per such shape captured by hand at first use and replayed with the
-      inputs copied into its static buffers (the default on CUDA). A shape whose capture fails runs
-      plainly from then on, with one warning naming the cause.
+      inputs copied into its static buffers (the default on CUDA); kept because it pays the host cost
+      once per shape with no compiler involved. A shape whose capture fails runs plainly from then on,
+      with one warning naming the cause.
 
-    The kernel is read from the calling thread once per call, outside the step, and is part of its key."""
+    Choosing `compiled` raises dynamo's recompile limit once, there (`allow_bucket_recompiles`), not when
+    the compiled step is read. The kernel is read from the calling thread once per call, outside the
+    step, and is part of its key."""
 
     def __init__(self, bb, mode: str | None = None):
         self.bb = bb
@@ -144,6 +166,8 @@ class Steps:
     def mode(self, mode: str) -> None:
         if mode not in STEP_MODES:
             raise ValueError(f"unknown step mode {mode!r}: one of {', '.join(STEP_MODES)}")
+        if mode == "compiled":
+            allow_bucket_recompiles()
         self._mode = mode
 
     def slab(self, kv: KV, room: int) -> Slab:
@@ -183,11 +207,10 @@ class Steps:
     @property
     def compiled(self):
         """`step` under `torch.compile(fullgraph=True)`, built on first use; a shape is compiled on its
-        first call (seconds), so a run's first steps pay that once per capacity bucket."""
+        first call (seconds), so a run's first steps pay that once per capacity bucket. Reading it changes
+        no global setting: dynamo's limit was raised when `compiled` was chosen (`mode`)."""
         if self._compiled is None:
             cuda = self.bb.device.type == "cuda"
-            # every capacity bucket x (decode, draft) is its own graph: more than dynamo's default 8
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._compiled = torch.compile(
                 step, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else None
             )

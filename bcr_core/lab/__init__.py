@@ -5,7 +5,8 @@ comparisons (`comparisons`), tables (`tables`), call inspection (`inspection`), 
 `from bcr_core import lab` and reads the names below; each lives in the module named beside it.
 """
 
-from bcr_core.analysis.summary import condition_table, with_agreement
+from bcr_core.analysis.claims.protocol import with_agreement
+from bcr_core.analysis.reports.summary import condition_table
 from bcr_core.conditions import condition, parse
 from bcr_core.engine.loading import lazy_backbone
 from bcr_core.lab import saved_inspection

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bcr_core import paper
-from bcr_core.analysis import seams
+from bcr_core.analysis.reports import seams
 from bcr_core.errors import UsageError
 from bcr_core.lab import microscope
 from bcr_core.lab.heatmap import attention_figure, update_figure

@@ -1,5 +1,5 @@
 """The plotly figures more than one notebook draws, each from a condition table (one row per
-condition, as `analysis.summary.condition_table` builds it: `condition`, `accuracy`, `agrees_dense`,
+condition, as `analysis.reports.summary.condition_table` builds it: `condition`, `accuracy`, `agrees_dense`,
 `reuse_rate`, `wilson_lo`, `wilson_hi`; accuracies as fractions, drawn in percent).
 
 - `equation3`: accuracy and agreement with Dense against the reuse rate, beside the line of
@@ -25,8 +25,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from bcr_core.analysis.line import reuse_accuracy_line
-from bcr_core.analysis.summary import with_agreement
+from bcr_core.analysis.claims.line import reuse_accuracy_line
+from bcr_core.analysis.claims.protocol import with_agreement
 
 PANELS = {"accuracy": "accuracy (%)", "agrees_dense": "items identical to Dense (%)"}
 REUSE_AXIS = "reuse rate (fraction of calls served from cache)"

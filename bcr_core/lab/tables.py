@@ -1,5 +1,5 @@
 """The tables and frames the notebooks draw, from run records (the per-condition table is
-`analysis.summary.condition_table`): Dense-agreement compared pairwise, the gate's rejection
+`analysis.reports.summary.condition_table`): Dense-agreement compared pairwise, the gate's rejection
 counter, the warm-up blocks, Equation 3's line with residuals, the budget check of every repaired
 call, seed spreads, and the token-by-token tokenization diff.
 """
@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from bcr_core.analysis.binary import paired_split
-from bcr_core.analysis.line import line_residuals, reuse_accuracy_line
-from bcr_core.analysis.summary import paired_only, with_agreement
+from bcr_core.analysis.claims.line import line_residuals, reuse_accuracy_line
+from bcr_core.analysis.claims.protocol import with_agreement
+from bcr_core.analysis.reports.summary import paired_only
+from bcr_core.analysis.statistics.binary import paired_split
 from bcr_core.conditions import DEFINITIONS, layout_config, parse
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import LayoutConfig, layout

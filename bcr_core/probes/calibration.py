@@ -20,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from bcr_core.agents.pipeline import Pipeline
-from bcr_core.analysis.binary import wilson_ci
+from bcr_core.analysis.statistics.binary import wilson_ci
 from bcr_core.data import benchmarks, synthetic
 from bcr_core.data.roles import PROMPTS
 from bcr_core.engine.stopping import SHORT_ANSWER_RULES
@@ -177,3 +177,33 @@ def choose_budget(table: pd.DataFrame, longest: str) -> pd.Series:
     floor = int(table.set_index("candidate").loc[longest, "passed"]) - SLACK_ITEMS
     pool = table[table["passed"] >= floor]
     return pool.sort_values("tokens_per_item", kind="stable").iloc[0]
+
+
+STOP_SAID = {"eos": "end token", "line": "first line", "code": "first code block closed"}
+
+
+def budget_markdown(table: pd.DataFrame) -> str:
+    """`budget_table` as the calibration folder's README shows it."""
+    lines = [
+        "| candidate | stop | cap | passed | pass@1 [95% CI] | new tokens per item | calls at the cap |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for _, row in table.iterrows():
+        interval = f"{100 * row['pass_at_1']:.1f}% [{100 * row['pass_at_1_lo']:.1f}, {100 * row['pass_at_1_hi']:.1f}]"
+        lines.append(
+            f"| {row['candidate']} | {STOP_SAID[row['stop']]} | {row['max_new_tokens']} | {row['passed']} / "
+            f"{row['items']} | {interval} | {row['tokens_per_item']:,.1f} | {100 * row['calls_at_cap']:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def budget_report(folders: list[Path], out: Path | None = None) -> None:
+    """`bcr report budget`: each folder a candidate's Dense run (the first the longest budget, the one the rule
+    measures against), the table printed with the candidate the rule chooses; with `out`, table.csv written there."""
+    table = budget_table({folder.name: folder for folder in folders})
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_whole(out / "table.csv", table.to_csv(index=False))
+    chosen = choose_budget(table, folders[0].name)["candidate"]
+    print(f"{budget_markdown(table)}\n\nThe rule (at most {SLACK_ITEMS} task fewer than {folders[0].name}, then the")
+    print(f"fewest new tokens per item) chooses **{chosen}**.")

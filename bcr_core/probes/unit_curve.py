@@ -244,3 +244,29 @@ def summarize_curve(per_prompt: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(out)
+
+
+SEED_MAX = 2**32 - 1  # numpy's largest seed
+
+
+def seeds_from(first: int, count: int) -> tuple[int, ...]:
+    """`bcr unit-curve`'s `--seed`, `--seeds`: `count` consecutive seeds of the random selections from `first`,
+    every one inside numpy's seed range."""
+    if count < 1:
+        raise UsageError(f"--seeds is how many random selections to compare with, at least 1; got {count}")
+    if not 0 <= first <= SEED_MAX - count + 1:
+        raise UsageError(
+            f"--seed: the random selections' seeds {first}..{first + count - 1} must lie in "
+            f"[0, {SEED_MAX}] (numpy's seed range); got --seed {first}"
+        )
+    return tuple(first + i for i in range(count))
+
+
+def curve_table(model: str, dtype: str, segment_tokens: int, budget: float, units, seeds, prompts=None) -> pd.DataFrame:
+    """`bcr unit-curve`: Table 8's probe on `model`, over the texts of `prompts` (JSONL) or the default documents,
+    summarized per unit; every setting checked (`UnitCurveConfig`) before the model loads."""
+    from bcr_core.engine.loading import load_backbone
+
+    config = UnitCurveConfig(segment_tokens, budget, tuple(units), tuple(seeds))
+    texts = read_prompts(prompts) if prompts else default_texts()
+    return summarize_curve(unit_curve(load_backbone(model, dtype), texts, config, progress=True))

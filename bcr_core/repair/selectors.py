@@ -118,7 +118,7 @@ class CacheBlendSelector(Selector):
 # The deployable selectors by name: a repair condition is one of them and a layout (`conditions`),
 # and the arena's field holds them beside its own (`arena.registry`).
 class AttendedDeviationSelector(Selector):
-    """`ours` (this lab's, PRE-REGISTERED: rule fixed in `bcr_core/arena/selectors.py` before any arena item was
+    """`ours` (this lab's, PRE-REGISTERED: rule fixed in `bcr_core/arena/context_selectors.py` before any arena item was
     run, moved here unchanged so that a run serves it too, and reported on the second half of the arena's items
     by `bcr_core.arena.measures`, whatever they say): rows both attended and wrong. Row j scores a_j x d_j, a_j
     the draft's Algorithm 2 score (`DraftSelector`, k = 2 tokens) and d_j CacheBlend's layer-1 value deviation

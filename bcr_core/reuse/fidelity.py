@@ -3,7 +3,7 @@ KL(Dense || method) teacher-forced on Dense's output.
 
 Per call, in situ: the same prompt served by Dense and by the method, each from its own cache.
 (Per item, across runs, agreement is computed from run records:
-`bcr_core.analysis.summary.with_agreement`.)
+`bcr_core.analysis.claims.protocol.with_agreement`.)
 """
 
 from __future__ import annotations

@@ -84,7 +84,10 @@ class Cell(settings_record("CellFields", leave_out=NOT_CELL)):
 def check_value(c: Condition) -> None:
     """Refuse a condition value no server can take, naming it (before any folder is touched); the
     error is about the `conditions` setting and reads `condition LABEL: why`."""
-    refuse = lambda why: SettingError("conditions", why, label=f"condition {c.label}")  # noqa: E731
+
+    def refuse(why: str) -> SettingError:
+        return SettingError("conditions", why, label=f"condition {c.label}")
+
     if c.name == "cacheblend-reuse" and c.value is not None and not 0.0 <= c.value <= 1.0:
         raise refuse(f"r is the paired BCR-chunk reuse rate, in [0, 1]; got {c.value:g}")
     if c.name in REPAIRS and c.value is not None and not 0.0 <= c.value <= 1.0:

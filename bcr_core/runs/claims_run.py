@@ -1,4 +1,4 @@
-"""Every run the claims' verdicts read, afresh on any model (`analysis.claims_grid.ClaimsGrid` names
+"""Every run the claims' verdicts read, afresh on any model (`analysis.reports.claims_grid.ClaimsGrid` names
 them): the main cell and the row-matched controls with fidelity, the gate sweep with its own line,
 the unit curve and `bcr verify`, into one folder that `claims_grid.load_claims` reads.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bcr_core.analysis.claims_grid import GATE, ClaimsGrid
+from bcr_core.analysis.reports.claims_grid import GATE, ClaimsGrid
 from bcr_core.engine.models import dtype_name
 from bcr_core.paths import write_text_whole
 from bcr_core.probes.unit_curve import UnitCurveConfig, default_texts, unit_curve

@@ -67,3 +67,17 @@ def run_grid(
     from bcr_core.runs.grid_ray import run_on_ray  # loaded when asked for; it reads the grid_* modules, not this one
 
     return run_on_ray(grid, out, ray, quiet=quiet)
+
+
+def run_grid_file(file: Path, out: Path, model: str, dtype: str, ray: str | None = None, quiet: bool = False):
+    """`bcr grid`: the file read into cells (`--model`/`--dtype` where given), every unfinished cell run, and the
+    combined table of what DIR holds, written as DIR/grid.csv; returns it with the cells that did not finish."""
+    from bcr_core.paths import write_text_whole
+    from bcr_core.runs.grid_file import read_grid
+    from bcr_core.runs.grid_folder import combined_table
+
+    grid = read_grid(file, model=model, dtype=dtype)
+    failed = run_grid(grid, out, ray=ray, quiet=quiet)
+    table = combined_table(grid, out)
+    write_text_whole(out / "grid.csv", table.to_csv(index=False))
+    return table, failed

@@ -106,7 +106,10 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, command: dict) -
     """A cell's settings (its own over the defaults over the command line's `command` over `bcr run`'s),
     checked together."""
     where = f"cells.{name}"
-    origin = lambda key: f"{where}.{key}" if key in own else f"defaults.{key}"  # noqa: E731
+
+    def origin(key: str) -> str:
+        return f"{where}.{key}" if key in own else f"defaults.{key}"
+
     settings = {key: s.default for key, s in RUN.items()} | command | defaults | own
     for key, setting in RUN.items():
         if setting.required and key not in defaults and key not in own:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.analysis.summary import condition_table
+from bcr_core.analysis.reports.summary import condition_table
 from bcr_core.errors import UsageError
 from bcr_core.runs.grid_file import GridCell, GridError
 from bcr_core.runs.run_writer import check_folder, read_items

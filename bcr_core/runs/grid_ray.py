@@ -141,7 +141,10 @@ def run_on_ray(
 def watch(ray, grid: list[GridCell], todo: list[GridCell], out: Path, poll_s: float) -> list[str]:
     total = sum(g.items for g in grid)
     done = {g.name: items_done(g, out) for g in grid}
-    say = lambda text: print(f"bcr grid: {text}", file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(text: str) -> None:
+        print(f"bcr grid: {text}", file=sys.stderr, flush=True)
+
     say(f"{len(grid) - len(todo)} of {len(grid)} cells already finished; {sum(done.values())}/{total} items")
     if not todo:
         return []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bcr_core.analysis.summary import write_summary
+from bcr_core.analysis.reports.summary import write_summary
 from bcr_core.engine.loading import shared_backbone
 from bcr_core.runs.grid_file import GridCell
 from bcr_core.runs.runner import run_cell

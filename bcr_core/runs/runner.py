@@ -105,7 +105,7 @@ def check_served_dtype(bb, cell: Cell) -> None:
 def check_confirmation(cell: Cell, out: Path) -> None:
     """A confirmation's items are fresh: refuse one whose item draw a committed pilot of the model read."""
     if cell.confirms:
-        from bcr_core.analysis.confirmation import check_fresh
+        from bcr_core.analysis.claims.confirmation import check_fresh
         from bcr_core.paths import RESULTS
 
         check_fresh(cell.record(), RESULTS, str(out))
@@ -219,3 +219,19 @@ def run_cell(
     finally:
         files.release()
     return files.items_table()
+
+
+def run_and_summarize(run, out: Path, reference: str) -> tuple[pd.DataFrame, list[str]]:
+    """`bcr run`: every setting, condition and the grader (HumanEval's sandbox) checked before the model loads,
+    the cell run (or resumed) into `out`, and its summary table (written as summary.csv) with the notes a reader
+    needs beside it: the instrument's floor, and why nothing was reused where nothing was."""
+    from bcr_core.analysis.reports.summary import floor_note, no_reuse_note, write_summary
+    from bcr_core.engine.loading import load_backbone
+    from bcr_core.run_folder import RunFolder
+
+    cell = run.cell()
+    benchmarks.check_grader(cell.benchmark)
+    items = run_cell(load_backbone(cell.model, cell.dtype), cell, out, progress=True, batch=run.batch)
+    table = write_summary(items, reference, out)
+    notes = [floor_note(table), no_reuse_note(RunFolder(out).calls(), cell.n)]
+    return table, [note for note in notes if note]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis import tax
+from bcr_core.analysis.claims import tax
+from bcr_core.analysis.statistics import inference as inf
 from bcr_core.conditions import parse
 
 MEASURES = {"correct": "pass@1", "kl_mean": "KL to Dense", "agrees_code": "final code = Dense's"}

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from bcr_core.analysis import inference as inf
+from bcr_core.analysis.statistics import inference as inf
 
 RESAMPLES = 20_000  # the first draw of every sign-flip test
 MAX_RESAMPLES = 1_000_000  # the most a p near its threshold is refined to

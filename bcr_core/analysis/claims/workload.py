@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-COST = "reuse costs accuracy"  # the synthetic family's row (`analysis.claims`)
-NULL = "reuse costs nothing on HumanEval"  # the HumanEval family's row (`analysis.humaneval_claims`)
+COST = "reuse costs accuracy"  # the synthetic family's row (`analysis.claims.synthetic`)
+NULL = "reuse costs nothing on HumanEval"  # the HumanEval family's row (`analysis.claims.humaneval`)
 
 READINGS = {
     ("holds", "holds"): "workload-specific: a cost on the synthetic task, none on HumanEval (as the paper finds)",

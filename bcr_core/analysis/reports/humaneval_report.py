@@ -8,16 +8,17 @@ lists replaced by counts) prints the `seams.csv` committed beside its records.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.analysis import claims_report, seams, workload
-from bcr_core.analysis.factorial import factorial_conditions, factorial_markdown, factorial_table
-from bcr_core.analysis.humaneval_claims import HUMANEVAL_MARGIN, PLAN, humaneval_verdicts, with_code_agreement
-from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES
+from bcr_core.analysis.claims import humaneval_selectors, workload
+from bcr_core.analysis.claims.factorial import factorial_conditions, factorial_markdown, factorial_table
+from bcr_core.analysis.claims.humaneval import HUMANEVAL_MARGIN, PLAN, humaneval_verdicts, with_code_agreement
+from bcr_core.analysis.claims.protocol import LINE_MARGIN, MEASURES
+from bcr_core.analysis.reports import claims_report, seams
 from bcr_core.conditions import parse
-from bcr_core.paths import write_text_whole
 from bcr_core.run_folder import RunFolder
 
 SEAMS = "seams.csv"
@@ -36,7 +37,18 @@ def markdown(table: pd.DataFrame) -> str:
         )
         said = f" Beside it: {row.evidence}." if isinstance(row.evidence, str) and row.evidence else ""
         notes.append(f"{i}. {row.claim}: {row.test}{claims_report.power_text(row)}.{said}")
-    plan = (
+    return "\n".join(header + lines + ["", plan_text(table), ""] + notes)
+
+
+def plan_text(table: pd.DataFrame) -> str:
+    """What the family's rows are read on, as fixed before its cell ran."""
+    if set(table["claim"]) <= set(humaneval_selectors.PLAN):
+        return (
+            f"One family (Holm over {len(table)} rows, {len(humaneval_selectors.PLAN)} planned): each selector "
+            "against its row-matched coin and against the paper's whole-cache draft, on per-item teacher-forced KL "
+            "to Dense (+: the first leaves less KL), sign-flip over items; every interval 95%."
+        )
+    return (
         f"One family (Holm over {len(table)} rows), each row read on the measure fixed before the run "
         f"({len(PLAN)} rows planned): pass@1 for the paper's two HumanEval claims, TOST within "
         f"±{100 * HUMANEVAL_MARGIN:g} points (Table 4(d): every condition inside four points); the final code "
@@ -44,7 +56,6 @@ def markdown(table: pd.DataFrame) -> str:
         "per-item teacher-forced KL to Dense for the cache rows. + is the paper's direction; every interval 95%, "
         "an equivalence verdict read on its 90% interval."
     )
-    return "\n".join(header + lines + ["", plan, ""] + notes)
 
 
 def conditions_table(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
@@ -133,16 +144,13 @@ def floor_text(items: pd.DataFrame, calls: pd.DataFrame) -> str:
 
 def seams_markdown(table: pd.DataFrame) -> str:
     """The seam counts (`seams.seam_counts`) as docs/results.md shows them: the template's token, the reuse
-    path's pieces (byte-level tokens read back as text), seams and calls."""
-    from tokenizers.decoders import ByteLevel
-
-    text = ByteLevel()
+    path's pieces (their text, as the model's tokenizer decoded them), seams and calls."""
     lines = [
         "| the template's token | the reuse path's pieces | seams | calls (share) |",
         "| --- | --- | --- | --- |",
     ]
     for _, row in table.iterrows():
-        pieces = " + ".join(code_span(repr(text.decode([t]))) for t in row["reuse_path_split"].split(" | "))
+        pieces = " + ".join(code_span(repr(piece)) for piece in json.loads(row["reuse_path_split"]))
         lines.append(
             f"| {code_span(row['kind'])} | {pieces} | {int(row['seams'])} "
             f"| {int(row['calls'])} ({100 * row['share_of_calls']:.1f}%) |"
@@ -196,16 +204,20 @@ def partial_text(items: pd.DataFrame, settings: dict) -> str:
     )
 
 
-def main(folders: list[str]) -> None:
+def main(folders: list[Path], out: Path | None = None) -> None:
     """Each HumanEval run folder's family, every condition and its seams; with a synthetic claims folder of the
-    same model beside it, also whether the cost of reuse is workload-specific on that model (`workload`)."""
-    humaneval = [Path(f) for f in folders if (Path(f) / "cell.json").is_file()]
-    synthetic = {claims_report.model_of(f): f for f in map(Path, folders) if Path(f) not in humaneval}
+    same model beside it, also whether the cost of reuse is workload-specific on that model (`workload`). With
+    `out`, the family's verdicts.csv and the seams counted from id lists are written too (`written_to`)."""
+    humaneval = [f for f in folders if (f / "cell.json").is_file()]
+    synthetic = {claims_report.model_of(f): f for f in folders if f not in humaneval}
     for folder in humaneval:
         run = RunFolder(folder)
         items, calls = pd.DataFrame(run.items()), pd.DataFrame(run.calls())
-        table = humaneval_verdicts(items, calls)
-        write_text_whole(folder / "verdicts.csv", table.to_csv(index=False))
+        table = cell_family(items, calls)
+        found = seam_table(run.model, calls)
+        target = claims_report.written_to(out, folder, humaneval)
+        if target is not None:
+            claims_report.write({"verdicts": table} | ({} if found is None else {"seams": found}), target)
         print(f"## {folder} ({run.model})\n\n{partial_text(items, run.settings)}{markdown(table)}\n")
         print(f"Every condition (description):\n\n{conditions_markdown(conditions_table(items, calls))}\n")
         print(floor_text(items, calls) + "\n")
@@ -213,13 +225,24 @@ def main(folders: list[str]) -> None:
         if cells is not None:
             square = factorial_table(with_code_agreement(items, "dense"), cells)
             print(f"The tax as the 2x2 the cell holds (description):\n\n{factorial_markdown(square)}\n")
-        found = seam_table(run.model, calls)
-        if found is not None:
-            write_text_whole(folder / SEAMS, found.to_csv(index=False))
-            print(f"Seams ({seams_said(calls)}):\n\n{seams_markdown(found)}\n")
-        elif (folder / SEAMS).is_file():
-            committed = pd.read_csv(folder / SEAMS, keep_default_na=False)
-            print(f"Seams ({seams_said(calls)}; committed):\n\n{seams_markdown(committed)}\n")
+        print_seams(folder, calls, found)
         same_model = synthetic.get(claims_report.model_of(folder)) if synthetic else None
         if same_model is not None:
             print(workload.workload_line(claims_report.compute(same_model)["verdicts"], table) + "\n")
+
+
+def cell_family(items: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """The family a HumanEval cell was planned with: the selectors' (`claims.humaneval_selectors`) for a cell
+    serving `ours`, else the paper's HumanEval claims (`claims.humaneval`)."""
+    if humaneval_selectors.is_selectors_cell(list(dict.fromkeys(items["condition"]))):
+        return humaneval_selectors.selector_verdicts(items, calls)
+    return humaneval_verdicts(items, calls)
+
+
+def print_seams(folder: Path, calls: pd.DataFrame, found: pd.DataFrame | None) -> None:
+    """The seams counted from the calls' id lists, or, for a committed folder (counts only), its seams.csv."""
+    if found is not None:
+        print(f"Seams ({seams_said(calls)}):\n\n{seams_markdown(found)}\n")
+    elif (folder / SEAMS).is_file():
+        committed = pd.read_csv(folder / SEAMS, keep_default_na=False)
+        print(f"Seams ({seams_said(calls)}; committed):\n\n{seams_markdown(committed)}\n")

@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, Verdict, beside, binary_claim, paired
+from bcr_core.analysis.claims.protocol import LINE_MARGIN, MEASURES, Verdict, beside, binary_claim, paired
+from bcr_core.analysis.statistics import inference as inf
 
 PAPER = "§4.3, App. F"
 

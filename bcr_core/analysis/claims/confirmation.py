@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bcr_core.analysis import claims
-from bcr_core.analysis.protocol import Verdict, family, verdict_table
+from bcr_core.analysis.claims import synthetic
+from bcr_core.analysis.claims.protocol import Verdict, family, verdict_table
 from bcr_core.errors import UsageError
 from bcr_core.run_folder import RunFolder, run_folders
 
@@ -72,7 +72,7 @@ def confirmation_verdicts(run: RunFolder, root: Path | None = None, seed: int = 
     first = items[items["index"] < n]
     calls = calls[calls["item_id"].isin(set(first["item_id"]))]
     conditions = list(dict.fromkeys(first["condition"]))
-    rows = claims.cost_claims(
+    rows = synthetic.cost_claims(
         first,
         calls,
         conditions,

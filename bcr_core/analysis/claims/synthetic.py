@@ -1,7 +1,7 @@
 """The paper's claims as tests on run records, each ending in a verdict (notebook 10).
 
 Each claim names the conditions it compares and hands their per-item outcomes to the protocol of
-`bcr_core.analysis.protocol` (the item as the unit, coin seeds as one control, budgets matched
+`bcr_core.analysis.claims.protocol` (the item as the unit, coin seeds as one control, budgets matched
 in rows, intervals, equivalence for null claims, Holm over the table). One family per model, on
 accuracy (the paper's measure); each distinct comparison is tested once, and agreement with Dense
 and KL to Dense are printed beside it. Nothing here tunes anything: the records are what they are.
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis import line, tax
-from bcr_core.analysis.binary import mcnemar_exact
-from bcr_core.analysis.protocol import (
+from bcr_core.analysis.claims import line, tax
+from bcr_core.analysis.claims.protocol import (
     MIN_EFFECT,
     REPAIR_MARGIN,
     ROW_TOLERANCE,
@@ -24,11 +22,15 @@ from bcr_core.analysis.protocol import (
     family,
     mean_claim,
     paired,
+    ran,
     read_by_tango,
     rows_differ,
     rows_text,
+    with_agreement,
 )
-from bcr_core.analysis.summary import with_agreement
+from bcr_core.analysis.statistics import inference as inf
+from bcr_core.analysis.statistics import power
+from bcr_core.analysis.statistics.binary import mcnemar_exact
 from bcr_core.conditions import find, parse, with_options
 
 EXACT_TOLERANCE = 1e-4  # the largest repaired-vs-Dense cache difference full repair may leave (fp32)
@@ -118,7 +120,7 @@ def level_claim(items, calls, paper, measure, bcr, other, test_name) -> Verdict:
     else:
         row.p, row.margin = inf.t_tost(d, REPAIR_MARGIN), REPAIR_MARGIN
         row.tost_lo, row.tost_hi = inf.t_interval(d, 0.90)
-        row.items_needed = inf.tost_items_needed(d, REPAIR_MARGIN)
+        row.items_needed = power.tost_items_needed(d, REPAIR_MARGIN)
     row.per_item = d
     row.rows = rows_text(calls, bcr, other, table.index)
     return row
@@ -221,18 +223,17 @@ def verdicts(
     bcr, kvcomm, dense, matched = (find(conditions, c) for c in (bcr, kvcomm, dense, matched))
     cacheblend = cacheblend and find(conditions, cacheblend)
     items = with_agreement(items, dense)
-    have = lambda *names: all(n in conditions for n in names)  # noqa: E731
     rows = cost_claims(items, calls, conditions, measure, dense=dense, kvcomm=kvcomm, matched=matched, bcr=bcr)
     rows.append(gate_claim(items if gate is None else gate, dense, unconditional, [kvcomm, *gate_settings], measure))
     rows.append(unit_claim(curve))
     rows += coin_claims(items, calls, bcr, conditions, measure)
     rows += cacheblend_claims(items, calls, bcr, cacheblend, conditions, measure)
-    if have(dense, matched):
+    if ran(conditions, dense, matched):
         rows.append(tax.identity_check(items, calls, dense, matched, measure))
     rows.append(exactness_claim(verify))
     for row in rows:  # prospective power of sign-flip rows at MIN_EFFECT
         if row.kind == "superiority" and row.resamples is not None or row.measure == "gap share":
-            row.items_needed = inf.mean_items_needed_at(row.per_item, MIN_EFFECT)
+            row.items_needed = power.mean_items_needed_at(row.per_item, MIN_EFFECT)
     return family(rows, seed)
 
 
@@ -240,28 +241,27 @@ def cost_claims(items, calls, conditions: list[str], measure: str, *, dense, kvc
     """What reuse costs and what repair gives back: reuse costs accuracy, its two terms (the tax and
     the approximation), repair cannot touch the tax, BCR-chunk beats KVComm (its share recovered and
     its lift off the line described beside it), and repair recovers most of the cost."""
-    have = lambda *names: all(n in conditions for n in names)  # noqa: E731
     rows: list[Verdict] = []
-    if have(dense, kvcomm):
+    if ran(conditions, dense, kvcomm):
         rows.append(
             pair_claim(items, calls, "reuse costs accuracy", "§1, Table 3", measure, dense, kvcomm, "Dense vs KVComm")
         )
-    if have(dense, matched, kvcomm):
+    if ran(conditions, dense, matched, kvcomm):
         rows.append(tax.approximation_claim(items, matched, kvcomm, measure))
         rows.append(tax.tax_claim(items, dense, matched, kvcomm, measure))
-        if have(bcr):
+        if ran(conditions, bcr):
             rows.append(tax.untouched_claim(items, matched, budgets_of(conditions, bcr), measure))
-    if have(bcr, kvcomm):
+    if ran(conditions, bcr, kvcomm):
         row = pair_claim(
             items, calls, "BCR-chunk beats KVComm", "§4.3, Tables 3 and 5a", measure, bcr, kvcomm, "BCR-chunk vs KVComm"
         )
-        if have(dense, matched):  # the same per-item difference, read as a share and as a lift: description
+        if ran(conditions, dense, matched):  # the same per-item difference, read as a share and as a lift: description
             row.evidence += (
                 f"; {tax.recovered_text(items, matched, kvcomm, bcr, measure)}; "
                 f"{line.lift_text(items, dense, kvcomm, bcr, measure)}"
             )
         rows.append(row)
-    if have(dense, kvcomm, bcr):
+    if ran(conditions, dense, kvcomm, bcr):
         rows.append(line.recovery_claim(items, dense, kvcomm, bcr, measure))
     return rows
 

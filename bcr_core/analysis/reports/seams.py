@@ -12,6 +12,7 @@ over a cell's calls.
 from __future__ import annotations
 
 import difflib
+import json
 
 import pandas as pd
 
@@ -29,7 +30,8 @@ def seams(dense_ids: list[int], merged_ids: list[int]) -> list[tuple[list[int], 
 
 def seam_rows(calls: list[dict], tokenizer) -> pd.DataFrame:
     """One row per seam of each call that holds both id lists: its call, Dense's text and tokens there, the
-    reuse path's tokens there, and the seam's kind (Dense's text, escaped)."""
+    reuse path's tokens there and their text (each decoded alone by the model's tokenizer, whatever its kind of
+    tokens: byte-level, SentencePiece), and the seam's kind (Dense's text, escaped)."""
     rows = []
     for call in calls:
         if "merged_ids" not in call:
@@ -44,6 +46,7 @@ def seam_rows(calls: list[dict], tokenizer) -> pd.DataFrame:
                     "kind": repr(text),
                     "dense_tokens": tokenizer.convert_ids_to_tokens(dense),
                     "merged_tokens": tokenizer.convert_ids_to_tokens(merged),
+                    "merged_pieces": [tokenizer.decode([i]) for i in merged],
                     "length_change": len(merged) - len(dense),
                 }
             )
@@ -51,10 +54,12 @@ def seam_rows(calls: list[dict], tokenizer) -> pd.DataFrame:
 
 
 def seam_counts(rows: pd.DataFrame, calls: int) -> pd.DataFrame:
-    """Per kind of seam: how many seams, on how many of the `calls` calls, and the reuse path's split of it."""
+    """Per kind of seam: how many seams, on how many of the `calls` calls, and the reuse path's split of it
+    (its commonest, as a JSON list of the pieces' text)."""
     if rows.empty:
         return pd.DataFrame(columns=["kind", "seams", "calls", "share_of_calls", "reuse_path_split"])
-    rows = rows.assign(call=rows["item_id"] + "/" + rows["node"], split=rows["merged_tokens"].map(" | ".join))
+    split = rows["merged_pieces"].map(lambda pieces: json.dumps(pieces, ensure_ascii=False))
+    rows = rows.assign(call=rows["item_id"] + "/" + rows["node"], split=split)
     grouped = rows.groupby("kind")
     table = pd.DataFrame(
         {

@@ -22,17 +22,15 @@ A superiority row whose 95% interval lies wholly below `ABSENT_BELOW` "does not 
 absent (a tax the run can show smaller than the smallest effect of interest). Every row prints the items
 80% power would need (prospective at the margin or `MIN_EFFECT`, and post hoc at the observed effect);
 the TOST rows' is the exact power of Tango's TOST at the observed discordance with the two truly level
-(`inference.tango_items_needed`), so a run with no discordant item yet does not read "2 items would do".
+(`power.tango_items_needed`), so a run with no discordant item yet does not read "2 items would do".
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis import tax
-from bcr_core.analysis.claims import coin_claim, coin_seeds
-from bcr_core.analysis.protocol import (
+from bcr_core.analysis.claims import tax
+from bcr_core.analysis.claims.protocol import (
     LINE_MARGIN,
     MIN_EFFECT,
     Verdict,
@@ -41,10 +39,14 @@ from bcr_core.analysis.protocol import (
     family,
     mean_claim,
     paired,
+    ran,
     read_by_tango,
     rows_text,
+    with_agreement,
 )
-from bcr_core.analysis.summary import with_agreement
+from bcr_core.analysis.claims.synthetic import coin_claim, coin_seeds
+from bcr_core.analysis.statistics import inference as inf
+from bcr_core.analysis.statistics import power
 from bcr_core.conditions import find, parse
 
 PAPER = "§4, Table 4(d)"
@@ -111,7 +113,7 @@ def untouched_row(items, matched, bcr) -> Verdict:
     row = Verdict("repair cannot touch the tokenization tax", "§4.3, App. F", "agrees_code", test, "undecided")
     row.effect, (row.ci_lo, row.ci_hi), row.n = float(gap.mean()), inf.t_interval(gap, 0.95), len(gap)
     row.p, row.kind, row.margin, row.per_item = inf.t_noninferior(gap, LINE_MARGIN), "noninferiority", LINE_MARGIN, gap
-    row.items_needed = inf.noninferior_items_needed(gap, LINE_MARGIN)
+    row.items_needed = power.noninferior_items_needed(gap, LINE_MARGIN)
     row.evidence = (
         f"final code Dense's: {bcr} {100 * table[bcr].mean():.1f}%, token-matched {100 * table[matched].mean():.1f}%"
     )
@@ -140,29 +142,29 @@ def humaneval_verdicts(
     kvcomm = kvcomm or recorded(conditions, "kvcomm") or "kvcomm@1"
     bcr, kvcomm, dense, matched = (find(conditions, c) for c in (bcr, kvcomm, dense, matched))
     items = with_code_agreement(items, dense)
-    have = lambda *names: all(n in conditions for n in names)  # noqa: E731
     rows = []
-    if have(dense, kvcomm):
+    if ran(conditions, dense, kvcomm):
         rows.append(tost_row(items, calls, "reuse costs nothing on HumanEval", "correct", dense, kvcomm))
-    if have(dense, bcr):
+    if ran(conditions, dense, bcr):
         rows.append(tost_row(items, calls, "no repair damages HumanEval", "correct", bcr, dense))
-    if have(dense, matched):
+    if ran(conditions, dense, matched):
         rows.append(tax_row(items, dense, matched))
-    if have(matched, kvcomm):
+    if ran(conditions, matched, kvcomm):
         table = paired(items, "agrees_code", matched, kvcomm).astype(bool)
         test = "token-matched Dense vs KVComm (the same ids, a predicted cache), exact McNemar"
         claim = "the approximation costs fidelity"
         rows.append(binary_claim(claim, "§4.3, App. F", "agrees_code", test, table[matched], table[kvcomm]))
-    if have(matched, bcr):
+    if ran(conditions, matched, bcr):
         rows.append(untouched_row(items, matched, bcr))
-    if have(bcr, kvcomm):
+    if ran(conditions, bcr, kvcomm):
         table = paired(items, "kl_mean", bcr, kvcomm).astype(float)
         test = "BCR-chunk vs KVComm: per-item KL(KVComm) - KL(BCR-chunk), sign-flip over items"
         target = KL_EFFECT_SHARE * table[kvcomm].mean()  # prospective power at a tenth of KVComm's KL
         gain = table[kvcomm] - table[bcr]
         row = mean_claim("BCR-chunk beats KVComm", "§4.3, Table 5a", "kl_mean", test, gain, target=target)
         row.evidence, row.rows = beside(items, bcr, kvcomm), rows_text(calls, bcr, kvcomm, table.index)
-        if have(matched):  # the share of the approximation's KL (KVComm's over token-matched Dense's) it recovers
+        # the share of the approximation's KL (KVComm's over token-matched Dense's) it recovers
+        if ran(conditions, matched):
             row.evidence += "; " + tax.recovered_text(items, matched, kvcomm, bcr, "kl_mean")
         rows.append(row)
     coins = coin_seeds(bcr, conditions, "bcr-chunk") or coin_seeds(bcr, conditions) if bcr in conditions else []

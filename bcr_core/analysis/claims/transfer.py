@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis.monte_carlo import RESAMPLES, exact
+from bcr_core.analysis.statistics import inference as inf
+from bcr_core.analysis.statistics.monte_carlo import RESAMPLES, exact
 
 NOT_TESTED = "not measured"
 # The equivalence margin of a transfer, on the measure both models' rows read (the lab's null-claim

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bcr_core.analysis.binary import SPLIT, paired_split, wilson_ci
-from bcr_core.analysis.inference import sign_flip
-from bcr_core.analysis.protocol import paired, realised_rows
+from bcr_core.analysis.claims.protocol import paired, realised_rows, with_agreement
+from bcr_core.analysis.statistics.binary import SPLIT, paired_split, wilson_ci
+from bcr_core.analysis.statistics.inference import sign_flip
 from bcr_core.conditions import find
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
@@ -85,18 +85,6 @@ def paired_only(items: pd.DataFrame) -> pd.DataFrame:
     n_conditions = items["condition"].nunique()
     complete = items.groupby("item_id")["condition"].nunique() == n_conditions
     return items[items["item_id"].isin(complete[complete].index)]
-
-
-def with_agreement(items: pd.DataFrame, dense: str = "dense") -> pd.DataFrame:
-    """Adds `agrees_dense`: the item's final text is identical to Dense's on the same item (None
-    where Dense has no record of the item)."""
-    if dense not in set(items["condition"]):
-        raise UsageError(f"Dense-agreement needs the {dense!r} condition among {sorted(set(items['condition']))}")
-    reference = items[items["condition"] == dense].set_index("item_id")["final_text"].reindex(items["item_id"])
-    agrees = pd.Series(items["final_text"].to_numpy() == reference.to_numpy(), index=items.index)
-    if reference.isna().any():
-        agrees = agrees.astype(object).where(reference.notna().to_numpy(), None)
-    return items.assign(agrees_dense=agrees)
 
 
 def same(a: pd.Series, b: pd.Series) -> pd.Series:

@@ -5,7 +5,7 @@ on accuracy, the paper's measure; agreement with Dense and KL to Dense beside ea
 description), writes `verdicts.csv` and `grid_table.csv` beside them, and prints the Markdown table
 and its list of tests that docs/results.md shows. Given two folders (one per model, on the same
 items), each is its own Holm family, and the transfer table reads each claim's transfer from paired
-tests (difference and equivalence) of the two models' per-item values (`bcr_core.analysis.transfer`).
+tests (difference and equivalence) of the two models' per-item values (`bcr_core.analysis.claims.transfer`).
 `SMOLLM2`, `GEMMA` and `QWEN_CODER` are the folders docs/results.md reads.
 """
 
@@ -17,12 +17,15 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from bcr_core.analysis import claims, claims_grid, confirmation, monte_carlo
-from bcr_core.analysis import transfer as transfer_test
-from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, MIN_EFFECT, REPAIR_MARGIN
-from bcr_core.analysis.summary import GRID, KL_RESAMPLES, condition_table
+from bcr_core.analysis.claims import confirmation, planning, synthetic
+from bcr_core.analysis.claims import transfer as transfer_test
+from bcr_core.analysis.claims.protocol import LINE_MARGIN, MEASURES, MIN_EFFECT, REPAIR_MARGIN
+from bcr_core.analysis.reports import claims_grid
+from bcr_core.analysis.reports.summary import GRID, KL_RESAMPLES, condition_table
+from bcr_core.analysis.statistics import monte_carlo
+from bcr_core.conditions import find
 from bcr_core.errors import UsageError
-from bcr_core.paths import RESULTS, all_written_whole, write_text_whole
+from bcr_core.paths import RESULTS, all_written_whole
 from bcr_core.run_folder import RunFolder, run_folders
 
 POINTS = {"agrees_dense", "agrees_code", "correct", "gap share"}
@@ -54,7 +57,7 @@ def compute(
         gate=data["gate"],
         seed=seed,
     )
-    verdicts = claims.verdicts(data["items"], data["calls"], grid.bcr, measure=measure, **common)
+    verdicts = synthetic.verdicts(data["items"], data["calls"], grid.bcr, measure=measure, **common)
     line = verdicts["claim"] == LINE_CLAIM
     if data["gate_folder"] and line.any():
         verdicts.loc[line, "read_on"] = GATE_READ[data["gate_folder"]]
@@ -69,16 +72,27 @@ def compute(
 def recorded(items: pd.DataFrame, grid: claims_grid.ClaimsGrid) -> list[str]:
     """The grid's conditions this folder recorded (a grid still running, or run in part, has fewer)."""
     labels = list(dict.fromkeys(items["condition"]))
-    return [c for c in grid.main() + grid.matched() + grid.budgets() if claims.find(labels, c) in labels]
+    return [c for c in grid.main() + grid.matched() + grid.budgets() if find(labels, c) in labels]
 
 
-def write(folder, tables: dict[str, pd.DataFrame] | None = None) -> str:
-    """Write the tables into `folder` (computed afresh unless given); return docs/results.md's Markdown."""
-    tables = tables or compute(folder)
-    with all_written_whole([Path(folder) / f"{name}.csv" for name in tables]) as partials:
+def write(tables: dict[str, pd.DataFrame], out: Path) -> None:
+    """Write a folder's tables into `out` as `<name>.csv`, all of them or none (the committed form)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with all_written_whole([out / f"{name}.csv" for name in tables]) as partials:
         for partial, table in zip(partials, tables.values()):
             table.to_csv(partial, index=False)
-    return markdown(tables["verdicts"])
+
+
+def written_to(out: Path | None, folder: Path, folders: list[Path]) -> Path | None:
+    """Where `--out` puts one folder's tables: `out` itself for a single folder, `out/<folder name>` for several
+    (None: print only)."""
+    if out is None:
+        return None
+    if len(folders) == 1:
+        return out
+    if len({f.name for f in folders}) < len(folders):
+        raise UsageError(f"--out {out} with several folders writes each into its own name there; two are named alike")
+    return out / folder.name
 
 
 def check_not_arena(folder: Path) -> None:
@@ -211,7 +225,7 @@ def label_of(folder) -> str:
 
 def transfer(verdicts: dict[str, pd.DataFrame], test_difference: bool = True) -> pd.DataFrame:
     """The transfer table: each model's verdicts (its own Holm family) and one paired test per claim
-    of the difference of the two models' per-item values (`bcr_core.analysis.transfer.transfer`)."""
+    of the difference of the two models' per-item values (`bcr_core.analysis.claims.transfer.transfer`)."""
     return transfer_test.transfer(verdicts, test_difference)
 
 
@@ -260,7 +274,10 @@ def transfer_cells(row, model: str, prefix: str = "") -> list[str]:
     diff = ""
     scale, digits = (1, 4) if row[f"{model}: measure"] == "kl_mean" else (100, 1)
     unit = " pts" if scale == 100 else ""
-    get = lambda name: row.get(prefix + name)  # noqa: E731
+
+    def get(name: str):
+        return row.get(prefix + name)
+
     if get("diff") is not None and not pd.isna(get("diff")):
         diff = (
             f"{scale * get('diff'):+.{digits}f}{unit} [{scale * get('diff_lo'):+.{digits}f}, "
@@ -281,23 +298,37 @@ def incomplete_text(table: pd.DataFrame) -> str:
     )
 
 
-def main(folders: list[str]) -> None:
+def plan_confirmation(pilot: Path, claims: list[str] | None, power: float, max_items: int) -> str:
+    """`bcr plan`: the pilot's verdicts read from its records, then the confirmation they call for
+    (`claims.planning.plan`), on items no folder under results/ read."""
+    planning.find_pilot(pilot)  # a folder that is no pilot: one line, before any record is read
+    return planning.plan(pilot, compute(pilot)["verdicts"], claims, power, max_items, RESULTS)
+
+
+def main(folders: list[Path], out: Path | None = None) -> None:
+    """Print each claims folder's verdict and grid tables and its confirmations' families (and, given several
+    models, the transfer table); with `out`, also write the tables as the committed CSVs (`written_to`)."""
     for folder in folders:
-        check_not_arena(Path(folder))
+        check_not_arena(folder)
     verdicts = {}
     for folder in folders:
         tables = compute(folder)
-        print(write(folder, tables))
-        print()
-        print(grid_markdown(tables["grid_table"]))
-        print()
+        target = written_to(out, folder, folders)
+        if target is not None:
+            write(tables, target)
+        print(f"{markdown(tables['verdicts'])}\n\n{grid_markdown(tables['grid_table'])}\n")
         verdicts[label_of(folder)] = tables["verdicts"]
-        for run in confirmation.confirmations(Path(folder)):
-            found = confirmation.confirmation_verdicts(run, root=RESULTS)
-            write_text_whole(run.path / "verdicts.csv", found.to_csv(index=False))
-            planned = f"{len(found)} claims planned, n = {run.settings['n']}"
-            print(f"Confirmation {run.path} ({planned}; its own family, beside the pilot's):\n")
-            print(markdown(found) if (found["verdict"] != confirmation.INCOMPLETE).all() else incomplete_text(found))
-            print()
+        for run in confirmation.confirmations(folder):
+            print_confirmation(run, None if target is None else target / run.path.relative_to(folder))
     if len(folders) > 1:
         print(transfer_markdown(transfer(verdicts), list(verdicts)))
+
+
+def print_confirmation(run: RunFolder, target: Path | None) -> None:
+    found = confirmation.confirmation_verdicts(run, root=RESULTS)
+    if target is not None:
+        write({"verdicts": found}, target)
+    planned = f"{len(found)} claims planned, n = {run.settings['n']}"
+    print(f"Confirmation {run.path} ({planned}; its own family, beside the pilot's):\n")
+    print(markdown(found) if (found["verdict"] != confirmation.INCOMPLETE).all() else incomplete_text(found))
+    print()

@@ -100,25 +100,27 @@ class ClaimsGrid:
     def matched(self) -> list[str]:
         """Row-matched controls (App. D, "row for row"): on each call exactly the rows the paired
         BCR-chunk condition recomputes on it, by coin (every seed) or by CacheBlend's selector."""
-        coins = lambda **o: [self.label("coin-chunk", **o, match="bcr-chunk", seed=s) for s in self.seeds]  # noqa: E731
         return [
-            *coins(),
+            *self.coins("coin-chunk", match="bcr-chunk"),
             self.label("cacheblend-cost", match="bcr-chunk"),
-            *coins(rank="predicted"),
+            *self.coins("coin-chunk", rank="predicted", match="bcr-chunk"),
         ]
 
+    def coins(self, name: str, **options) -> list[str]:
+        """A coin condition's label at every seed of the grid (the seeds are one control)."""
+        return [self.label(name, **options, seed=s) for s in self.seeds]
+
     def main(self) -> list[str]:
-        coins = lambda name, **o: [self.label(name, **o, seed=s) for s in self.seeds]  # noqa: E731
         return [
             "dense",
             "token-matched-dense",
             "kvcomm",
             self.bcr,
-            *coins("coin-chunk"),
+            *self.coins("coin-chunk"),
             self.label("bcr-chunk", rank="predicted"),
-            *coins("coin-chunk", rank="predicted"),
+            *self.coins("coin-chunk", rank="predicted"),
             self.label("bcr-single"),
-            *coins("coin-single"),
+            *self.coins("coin-single"),
             self.cacheblend,
         ]
 

@@ -27,7 +27,7 @@ The rules (paper §4, App. D), the same for every row:
   member, and agreement with Dense and KL to Dense are printed beside it as description.
 - The claims of one table are one family: Holm-adjusted p beside the raw p, verdicts read from the
   adjusted one. Sign-flip p values are refined where their Monte-Carlo error could cross their
-  Holm threshold (`bcr_core.analysis.monte_carlo`). An undecided claim gives the items 80% power
+  Holm threshold (`bcr_core.analysis.statistics.monte_carlo`). An undecided claim gives the items 80% power
   of the test that decides it would need at a stated effect (`MIN_EFFECT`, prospective) and at the
   observed one (post hoc), and the smallest difference the current n detects.
 """
@@ -39,10 +39,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis import monte_carlo
-from bcr_core.analysis.binary import mcnemar_exact
-from bcr_core.analysis.monte_carlo import RESAMPLES, exact
+from bcr_core.analysis.statistics import inference as inf
+from bcr_core.analysis.statistics import monte_carlo, power
+from bcr_core.analysis.statistics.binary import mcnemar_exact
+from bcr_core.analysis.statistics.monte_carlo import RESAMPLES, exact
+from bcr_core.errors import UsageError
 
 ALPHA = inf.ALPHA
 MARGIN = 0.03  # equivalence margin of a null claim with no margin of its own: 3 points of accuracy
@@ -97,6 +98,24 @@ def paired(items: pd.DataFrame, value: str, *conditions: str) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------- one row each
+def ran(conditions, *names: str) -> bool:
+    """Whether every one of `names` is among the recorded `conditions`: a claim is read only where its
+    conditions ran."""
+    return all(name in conditions for name in names)
+
+
+def with_agreement(items: pd.DataFrame, dense: str = "dense") -> pd.DataFrame:
+    """Adds `agrees_dense`: the item's final text is identical to Dense's on the same item (None
+    where Dense has no record of the item)."""
+    if dense not in set(items["condition"]):
+        raise UsageError(f"Dense-agreement needs the {dense!r} condition among {sorted(set(items['condition']))}")
+    reference = items[items["condition"] == dense].set_index("item_id")["final_text"].reindex(items["item_id"])
+    agrees = pd.Series(items["final_text"].to_numpy() == reference.to_numpy(), index=items.index)
+    if reference.isna().any():
+        agrees = agrees.astype(object).where(reference.notna().to_numpy(), None)
+    return items.assign(agrees_dense=agrees)
+
+
 def binary_claim(claim, paper, measure, test, better, worse) -> Verdict:
     """`better` is claimed to beat `worse` on paired booleans per item: exact McNemar, Newcombe CI."""
     both, b_only, w_only, neither = inf.table_of(better, worse)
@@ -107,8 +126,8 @@ def binary_claim(claim, paper, measure, test, better, worse) -> Verdict:
     row.evidence = f"{b_only}/{w_only} (items only the claimed side / only the other side gets)"
     psi = (b_only + w_only) / n
     row.items_needed = prospective_mcnemar(psi, MIN_EFFECT)
-    row.items_needed_post_hoc = inf.mcnemar_items_needed(b_only / n, w_only / n)
-    row.detectable = inf.detectable_difference(psi, n)
+    row.items_needed_post_hoc = power.mcnemar_items_needed(b_only / n, w_only / n)
+    row.detectable = power.detectable_difference(psi, n)
     index = getattr(better, "index", None)
     row.per_item = pd.Series(np.asarray(better, float) - np.asarray(worse, float), index=index)
     return row
@@ -119,7 +138,7 @@ def prospective_mcnemar(psi: float, effect: float) -> int | None:
     discordance rate psi (None when the effect exceeds the discordance)."""
     if effect >= psi:
         return None
-    return inf.mcnemar_items_needed((psi + effect) / 2, (psi - effect) / 2)
+    return power.mcnemar_items_needed((psi + effect) / 2, (psi - effect) / 2)
 
 
 def mean_claim(claim, paper, measure, test, gain, target: float | None = None) -> Verdict:
@@ -135,8 +154,8 @@ def mean_claim(claim, paper, measure, test, gain, target: float | None = None) -
     row.n = int(gain.size)
     row.resamples = None if exact(row.n, RESAMPLES) else RESAMPLES
     row.per_item = pd.Series(gain, index=index)
-    row.items_needed_post_hoc, row.detectable = inf.mean_items_needed(gain), inf.mean_detectable(gain)
-    row.items_needed = row.items_needed_post_hoc if target is None else inf.mean_items_needed_at(gain, target)
+    row.items_needed_post_hoc, row.detectable = power.mean_items_needed(gain), power.mean_detectable(gain)
+    row.items_needed = row.items_needed_post_hoc if target is None else power.mean_items_needed_at(gain, target)
     return row
 
 
@@ -153,7 +172,7 @@ def read_by_tango(row: Verdict, first_only: int, second_only: int, margin: float
     n = row.n
     row.p, row.margin = inf.tango_tost(first_only, second_only, n, margin), margin
     row.tost_lo, row.tost_hi = inf.tango_interval(first_only, second_only, n, 0.90)
-    row.items_needed = inf.tango_items_needed((first_only + second_only) / n, margin)
+    row.items_needed = power.tango_items_needed((first_only + second_only) / n, margin)
     return row
 
 

@@ -5,7 +5,7 @@ discordant split b/c is reported before any p-value, with p from an exact two-si
 McNemar test. Accuracies carry Wilson 95% intervals; continuous per-item measurements are
 tested in `inference` (sign-flip, bootstrap, equivalence). Repeated cells (the
 same items re-run under several agent counts) are never pooled into one test, so the one
-table built on these (`analysis.summary.condition_table`) refuses records where an (item, condition)
+table built on these (`analysis.reports.summary.condition_table`) refuses records where an (item, condition)
 pair appears more than once.
 
 All probability machinery comes from `scipy.stats`.

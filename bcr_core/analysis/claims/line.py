@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from bcr_core.analysis import inference as inf
-from bcr_core.analysis.protocol import LINE_MARGIN, MEASURES, Verdict, equivalence_claim, mean_claim, paired
-from bcr_core.analysis.tax import scaled, share_ci
+from bcr_core.analysis.claims.protocol import LINE_MARGIN, MEASURES, Verdict, equivalence_claim, mean_claim, paired
+from bcr_core.analysis.claims.tax import scaled, share_ci
+from bcr_core.analysis.statistics import inference as inf
+from bcr_core.analysis.statistics import power
 
 RECOVERY_NULL = 0.5  # "most of the cost": more than half of the Dense-to-KVComm drop
 
@@ -50,7 +51,7 @@ def reuse_accuracy_line(dense_acc, reuse_acc, reuse_rate: float) -> Callable[[fl
 
     so acc(0) = dense_acc and acc(r_K) = reuse_acc. Accuracies may be percent or
     fractions; the line keeps whatever unit it is given. They may also be arrays of
-    per-item outcomes (one line per item, as the claims test it: `analysis.line`).
+    per-item outcomes (one line per item, as the claims test it: `analysis.claims.line`).
     Returns a function of r that accepts a scalar or an array.
     """
     dense = np.asarray(dense_acc, dtype=float)
@@ -151,7 +152,7 @@ def line_claim(gate: pd.DataFrame | None, dense, unconditional, settings, measur
     )
     row.evidence += "; ".join(parts)
     row.margin, (row.tost_lo, row.tost_hi) = margin, ci90
-    row.items_needed = max(inf.tost_items_needed(e[s], margin, bound=bounds[s]) or 0 for s in present)
+    row.items_needed = max(power.tost_items_needed(e[s], margin, bound=bounds[s]) or 0 for s in present)
     row.per_item = e[worst]
     return row
 
