@@ -6,9 +6,12 @@ probability for random-alloc (0.25), the paired BCR-chunk reuse rate r for cache
 Options (each condition's `Definition` lists what it takes; anything else is an error naming them):
 `gamma=` (the KVComm gate under any policy), `seed=` (coin streams), `chunk=` (B: the chunk unit and
 the skip rule's B), `skip=alg1|off` (Algorithm 1's skip rule, on every layout), `rank=all|predicted`
-(rank every cached row, or only the rows KVComm predicted), `match=bcr-chunk|bcr-grow|bcr-single`
-(coin and CacheBlend: recompute on each call exactly as many rows as that BCR condition, with the
-same budget and options, recomputes on it), `tau=`, `span_cap=` (grow). Every condition is one
+(rank every cached row, or only the rows KVComm predicted), `match=bcr-chunk|...|ours-single`
+(every repair but BCR's own: recompute on each call exactly as many rows as that condition, with the
+same budget and options, recomputes on it), `tau=`, `span_cap=` (grow), `layer=` (CacheBlend's check
+layer). Every deployable selector of `repair.selectors` is served as `SELECTOR-LAYOUT` (the draft as
+`bcr-...`, CacheBlend as `cacheblend-cost` on single rows and `cacheblend-chunk`); the rules that name
+rows themselves (seams, window) on single rows only, as the arena spends them. Every condition is one
 `Definition` in `DEFINITIONS` (its factory, options, default value, and for a repair its selector, layout and
 budget): a repair condition is a selector and a layout; a new control is one Definition.
 """
@@ -64,6 +67,7 @@ MATCH = {
     )
 }
 GROW = {"tau": Option(Float(0.0, 1.0), LayoutConfig.tau), "span_cap": Option(Int(1), LayoutConfig.span_cap)}
+LAYER = {"layer": Option(Int(1), 1, "CacheBlend's check layer (its paper's: 1)")}
 
 
 class Condition(Spec):
@@ -179,7 +183,7 @@ def make_selector(c: Condition) -> Selector:
     definition = DEFINITIONS[c.name]
     if definition.selector == CoinSelector.name:
         return CoinSelector(_seed(c), unit=c.option("chunk") if definition.layout == "chunk" else 1)
-    return SELECTORS[definition.selector]()
+    return SELECTORS[definition.selector](**{key: c.option(key) for key in LAYER if key in definition.options})
 
 
 def _cacheblend_reuse(bb, c: Condition):
@@ -271,7 +275,22 @@ DEFINITIONS: dict[str, Definition] = {
     ),
     "coin-chunk": repair_definition("coin", "chunk", SEED | MATCH, "a fair coin per chunk"),
     "coin-single": repair_definition("coin", "single", SEED | MATCH, "a fair coin per row"),
-    "cacheblend-cost": repair_definition("cacheblend", "single", MATCH, "CacheBlend's layer-1 rule at BCR's budget"),
+    "cacheblend-cost": repair_definition(
+        "cacheblend", "single", LAYER | MATCH, "CacheBlend's layer-1 rule at BCR's budget, single rows"
+    ),
+    "cacheblend-chunk": repair_definition(
+        "cacheblend", "chunk", LAYER | MATCH, "CacheBlend's layer-1 rule, whole chunks (as the arena spends it)"
+    ),
+    "question-chunk": repair_definition(
+        "question", "chunk", MATCH, "the prompt's trailing text run over the cache, rows ranked by its attention"
+    ),
+    "question-single": repair_definition(
+        "question", "single", MATCH, "the prompt's trailing text's attention, single rows"
+    ),
+    "seams-single": repair_definition("seams", "single", MATCH, "the first rows after every seam, spread evenly"),
+    "window-single": repair_definition(
+        "window", "single", MATCH, "a window after every seam, each the same share of its segment"
+    ),
     "cacheblend-reuse": Definition(
         lambda bb, c: _cacheblend_reuse(bb, c),
         GATE | REPAIR,

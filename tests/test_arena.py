@@ -16,14 +16,15 @@ import torch
 from conftest import ROUNDING_ULPS, rounding_close
 
 from bcr_core.arena import measures
-from bcr_core.arena.context import CallContext
 from bcr_core.arena.copies import PAIRED, ArenaCall, DenseReference, run_call, spend
 from bcr_core.arena.registry import OPTIONS, make_entries, make_entry
 from bcr_core.arena.run import make_arena_cell, run_arena
+from bcr_core.arena.search import runs
 from bcr_core.cli import main
-from bcr_core.conditions import condition, parse
+from bcr_core.conditions import parse, with_options
 from bcr_core.engine.kv import KV
 from bcr_core.errors import UsageError
+from bcr_core.repair.call_context import CallContext
 from bcr_core.repair.selectors import CacheBlendSelector
 from bcr_core.run_folder import read_calls, read_jsonl
 from bcr_core.runs.cell import Cell
@@ -240,30 +241,78 @@ def test_the_arenas_draft_at_the_paired_count_is_what_bcr_run_records(tiny_chat,
     assert compared, "no call was served from an assembled cache"
 
 
-def test_a_run_serves_ours_at_the_paired_count_choosing_the_arenas_rows(tiny_chat, tmp_path):
-    """`ours-chunk:match=bcr-chunk` in `bcr run` recomputes, on every call served from an assembled cache,
-    exactly the rows the arena's `ours` chooses at the paired budget on the same call: the same count, the
-    same rows wasted on the exact prefix, and so the same KL to Dense."""
-    arena_cell = make_arena_cell(n=3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors="ours")
-    run_arena(tiny_chat, arena_cell, tmp_path / "arena", progress=False)
+# every deployable selector of the arena's field -> the condition that serves it at the paired count
+SERVED = {
+    "ours": "ours-chunk",
+    "question": "question-chunk",
+    "seams": "seams-single",
+    "window": "window-single",
+    "cacheblend": "cacheblend-chunk",
+    "cacheblend:layer=2": "cacheblend-chunk:layer=2",
+}
+
+
+@pytest.fixture(scope="module")
+def served_beside_the_arena(tiny_chat, tmp_path_factory):
+    """The arena's calls for SERVED's selectors, and a run serving each of them at `match=bcr-chunk` on the same
+    items: {selector: [(arena call, run call), ...]} over the calls served from an assembled cache in the same
+    state. The arena measures copies of the BCR-chunk lane's calls, so a lane's call is that call only while every
+    earlier call of the lane answered as BCR-chunk's did (later prompts and KVComm's anchor pool follow them)."""
+    folder = tmp_path_factory.mktemp("served")
+    arena_cell = make_arena_cell(n=3, agents=2, max_new_tokens=4, item_seed=34, gamma=1.0, selectors=",".join(SERVED))
+    run_arena(tiny_chat, arena_cell, folder / "arena", progress=False)
     bcr = parse(arena_cell.conditions[0])
-    served = condition("ours-chunk", bcr.value, chunk=bcr.option("chunk"), gamma=1.0, match="bcr-chunk")
+    served = {
+        selector: with_options(name, chunk=bcr.option("chunk"), gamma=1.0, match="bcr-chunk")
+        for selector, name in SERVED.items()
+    }
     cell = Cell(
-        benchmark="synthetic", agents=2, conditions=[served], n=3, max_new_tokens=4, item_seed=34, fidelity=True
+        benchmark="synthetic",
+        agents=2,
+        conditions=list(served.values()),
+        n=3,
+        max_new_tokens=4,
+        item_seed=34,
+        fidelity=True,
     )
-    run_cell(tiny_chat, cell, tmp_path / "run", progress=False)
-    arena = read_jsonl(tmp_path / "arena" / "calls.jsonl")
-    recorded = read_calls(tmp_path / "run" / "calls.jsonl")
-    compared = 0
-    for mine, theirs in zip(arena, recorded):
-        assert (mine["item_id"], mine["node"]) == (theirs["item_id"], theirs["node"])
-        if theirs["mode"] != "reuse" or "arena" not in mine:
-            continue
-        ours = next(e for e in mine["arena"]["entries"] if e["selector"] == "ours" and e["budget"] == PAIRED)
-        assert (ours["rows"], ours["rows_wasted"]) == (theirs["rows_recomputed"], theirs["rows_wasted"])
-        assert ours["kl"] == pytest.approx(theirs["fidelity"]["kl"], rel=1e-3, abs=1e-7)
-        compared += ours["rows"] > 0
-    assert compared, "no call repaired a row"
+    run_cell(tiny_chat, cell, folder / "run", progress=False)
+    arena, recorded = read_jsonl(folder / "arena" / "calls.jsonl"), read_calls(folder / "run" / "calls.jsonl")
+    return {
+        selector: same_state(arena, [c for c in recorded if c["condition"] == label])
+        for selector, label in served.items()
+    }
+
+
+def same_state(arena: list[dict], lane: list[dict]) -> list[tuple[dict, dict]]:
+    """The (arena call, lane call) pairs served from an assembled cache, up to the first call whose answer differs
+    from the arena's (that one included: its own state was the same)."""
+    pairs = []
+    for mine, theirs in zip(arena, lane, strict=True):
+        assert (mine["item_id"], mine["node"], mine["merged_ids"]) == (
+            theirs["item_id"],
+            theirs["node"],
+            theirs["merged_ids"],
+        )
+        if "arena" in mine:
+            pairs.append((mine, theirs))
+        if mine["output_tokens"] != theirs["output_tokens"]:
+            break
+    return pairs
+
+
+@pytest.mark.parametrize("selector", SERVED)
+def test_a_run_serves_each_selector_at_the_paired_count_choosing_the_arenas_rows(served_beside_the_arena, selector):
+    """`SELECTOR-LAYOUT:match=bcr-chunk` in `bcr run` recomputes, on every call served from an assembled cache,
+    exactly the rows the arena's same selector chooses at the paired budget on that call (the same row set, so
+    the same rows wasted on the exact prefix and the same KL to Dense)."""
+    repaired = 0
+    for arena_call, served in served_beside_the_arena[selector]:
+        entry = next(e for e in arena_call["arena"]["entries"] if e["selector"] == selector and e["budget"] == PAIRED)
+        assert entry["runs"] == runs(served["repaired_rows"]), (selector, served["item_id"], served["node"])
+        assert entry["rows_wasted"] == served["rows_wasted"]
+        assert entry["kl"] == pytest.approx(served["fidelity"]["kl"], rel=1e-3, abs=1e-7)
+        repaired += entry["rows"] > 0
+    assert repaired, "no call repaired a row"
 
 
 def test_an_arena_cut_short_resumes_to_the_same_records(tiny_chat, arena_run, tmp_path):

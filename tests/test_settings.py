@@ -182,10 +182,12 @@ def test_saved_inspections_key_on_the_schema_checked_as_the_notebook_parameters_
 
 def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too():
     """The paper's repair conditions written out (BCR = the draft's score; the coin; CacheBlend's
-    layer-1 rule) and the lab's `ours`, each its selector and layout; the arena ranks with the same classes."""
+    layer-1 rule), the lab's `ours` and the arena's segment-map rules, each its selector and layout; the arena
+    ranks with the same classes, and every selector of its field but the K/V-error rankings (which read the exact
+    cache) is served by some condition."""
     from bcr_core.arena.registry import SELECTORS as FIELD
     from bcr_core.conditions import DEFINITIONS, make_selector
-    from bcr_core.repair.selectors import AttendedDeviationSelector, CacheBlendSelector, CoinSelector, DraftSelector
+    from bcr_core.repair import selectors as s
 
     paper = {
         "bcr-chunk": ("draft", "chunk"),
@@ -197,18 +199,29 @@ def test_every_repair_condition_is_a_selector_and_a_layout_the_arena_knows_too()
         "cacheblend-reuse": ("cacheblend", "single"),
         "ours-chunk": ("ours", "chunk"),
         "ours-single": ("ours", "single"),
+        "cacheblend-chunk": ("cacheblend", "chunk"),
+        "question-chunk": ("question", "chunk"),
+        "question-single": ("question", "single"),
+        "seams-single": ("seams", "single"),
+        "window-single": ("window", "single"),
     }
-    repairs = {name: (s.selector, s.layout) for name, s in DEFINITIONS.items() if s.layout is not None}
+    repairs = {name: (d.selector, d.layout) for name, d in DEFINITIONS.items() if d.layout is not None}
     assert repairs == paper
     classes = {
-        "draft": DraftSelector,
-        "coin": CoinSelector,
-        "cacheblend": CacheBlendSelector,
-        "ours": AttendedDeviationSelector,
+        "draft": s.DraftSelector,
+        "coin": s.CoinSelector,
+        "cacheblend": s.CacheBlendSelector,
+        "ours": s.AttendedDeviationSelector,
+        "question": s.QuestionSelector,
+        "seams": s.SeamsSelector,
+        "window": s.WindowSelector,
     }
     for name, (selector, _) in paper.items():
         made = make_selector(parse(f"{name}@0.5" if name == "cacheblend-reuse" else name))
         assert type(made) is classes[selector] is FIELD[selector], name
+    assert set(FIELD) - set(classes) == {"kv-error", "kv-error-attn"}
+    assert all(FIELD[name].reads_exact for name in ("kv-error", "kv-error-attn"))
+    assert make_selector(parse("cacheblend-chunk:layer=3")).layer == 3
     # a coin draws once per chunk on the chunk layout, once per row on single rows
     assert make_selector(parse("coin-chunk:chunk=8,seed=3")).unit == 8
     assert make_selector(parse("coin-single:chunk=8,seed=3")).unit == 1

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from bcr_core.arena import search
-from bcr_core.arena.context import CallContext
 from bcr_core.arena.registry import Entry
 from bcr_core.engine.kv import KV
+from bcr_core.repair.call_context import CallContext
 from bcr_core.repair.layouts import LayoutConfig, layout
 from bcr_core.reuse.calls import CallRecord
 from bcr_core.reuse.fidelity import mean_kl

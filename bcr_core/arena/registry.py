@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from bcr_core import paper, spec_grammar
-from bcr_core.arena import context_selectors, search
-from bcr_core.arena.context import CallContext
+from bcr_core.arena import error_selectors, search
 from bcr_core.conditions import REPAIR, SEED, split_conditions
 from bcr_core.errors import UsageError
+from bcr_core.repair.call_context import CallContext
 from bcr_core.repair.selectors import SELECTORS as DEPLOYABLE
 from bcr_core.repair.selectors import CoinSelector, Ranking, Selector
 from bcr_core.reuse.segments import predicted_rows
@@ -48,12 +48,9 @@ OPTIONS: dict[str, dict[str, Option]] = {
 # every selector's class under its name: the deployable ones the repair conditions are made of, and
 # the arena's own; `searched` is no ranking (`arena.search` finds its rows)
 SELECTORS: dict[str, type[Selector]] = {
-    "kv-error": context_selectors.KVErrorSelector,
-    "kv-error-attn": context_selectors.AttendedKVErrorSelector,
+    "kv-error": error_selectors.KVErrorSelector,
+    "kv-error-attn": error_selectors.AttendedKVErrorSelector,
     **DEPLOYABLE,
-    "question": context_selectors.QuestionSelector,
-    "seams": context_selectors.SeamsSelector,
-    "window": context_selectors.WindowSelector,
 }
 # names records written before the rename hold: the K/V-error rankings were called oracles
 RENAMED = {"oracle": "kv-error", "oracle-attn": "kv-error-attn"}

@@ -4,7 +4,7 @@ For a call served from an assembled cache, `rank_field` runs every selector of `
 cache (the arena's own rules, `bcr_core.arena`), with the exact cache of the same ids for the
 K/V-error rankings, and keeps each one's per-row scores on the `CallView`. From them the explorer shows:
 
-- the true per-row error, `kv-error`'s score: `arena.context_selectors.row_error`, the L2 norm over every
+- the true per-row error, `kv-error`'s score: `arena.error_selectors.row_error`, the L2 norm over every
   layer, head and dimension of the assembled rows' key and value deviation from the exact cache;
 - CacheBlend's deviation at its default check layer 1 (`CacheBlendSelector`'s score);
 - the rows each selector picks when it spends exactly as many rows as the explorer's layout picks
@@ -30,9 +30,9 @@ from __future__ import annotations
 import torch
 
 from bcr_core.arena import search
-from bcr_core.arena.context import CallContext
 from bcr_core.arena.copies import DenseReference, kl_of_sets, measure_copies, spend
 from bcr_core.arena.registry import Entry, current_label, make_entries, make_entry
+from bcr_core.repair.call_context import CallContext
 
 # the arena's field, one coin seed (the picks of one draw; the arena averages three)
 FIELD = (

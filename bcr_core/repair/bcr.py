@@ -1,7 +1,8 @@
 """Budgeted Cache Repair (paper §3, App. A.2, Algorithm 1): on every call KVComm serves from an
 assembled cache, rank the cached rows, recompute a budget rho of them exactly, then decode.
 
-The selector ranks (draft attention for BCR, a coin, CacheBlend's layer-1 deviation), the layout
+The selector ranks (draft attention for BCR, a coin, CacheBlend's layer-1 deviation, or any other deployable
+rule of `repair.selectors`, handed the call's segment map as a `CallContext`), the layout
 spends the budget (chunk, grow, single), and `Backbone.repair` recomputes. Calls KVComm serves
 densely are untouched. The draft is discarded: decoding starts again from the repaired cache.
 
@@ -23,6 +24,7 @@ import torch
 
 from bcr_core import paper
 from bcr_core.errors import UsageError
+from bcr_core.repair.call_context import CallContext
 from bcr_core.repair.layouts import RANKS, Layout, check_rho
 from bcr_core.repair.selectors import Selector
 from bcr_core.reuse.anchors import KVCommConfig
@@ -38,8 +40,8 @@ class MatchedBudget:
     selector: Selector
     layout: Layout
 
-    def rows(self, bb, kv, ids, candidates, rho) -> int:
-        ranking = self.selector.rank(bb, kv, ids[:-1], ids[-1], candidates)
+    def rows(self, bb, kv, ids, candidates, rho, context: CallContext) -> int:
+        ranking = self.selector.rank(bb, kv, ids[:-1], ids[-1], candidates, context=context)
         return len(self.layout.rows(ranking.scores, rho, kv.length))
 
 
@@ -72,9 +74,9 @@ class BCRServer(KVCommServer):
     def serve_assembled(self, kv, ids, max_new_tokens, started, spans):
         skipped, candidates, ranking, rows = self.skips(kv.length), None, None, []
         if not skipped:  # Algorithm 1, line 1: no draft, no coin, if skipped
-            candidates = self.candidates(kv.length, spans)
-            ranking = self.selector.rank(self.bb, kv, ids[:-1], ids[-1], candidates)
-            rows = candidates[self.chosen(ranking.scores, kv, ids, candidates)].tolist()
+            candidates, context = self.candidates(kv.length, spans), CallContext(spans)
+            ranking = self.selector.rank(self.bb, kv, ids[:-1], ids[-1], candidates, context=context)
+            rows = candidates[self.chosen(ranking.scores, kv, ids, candidates, context)].tolist()
         repaired = self.bb.repair(kv, ids[:-1], rows) if rows else kv
         generation, ttft, total = yield from decode_call(repaired, ids[-1], max_new_tokens, started)
         scores, draft = (ranking.scores, ranking.draft) if ranking is not None else (None, None)
@@ -84,11 +86,11 @@ class BCRServer(KVCommServer):
         """Algorithm 1's skip rule; a row-matched control skips wherever its paired rule does too."""
         return self.layout.skip(m, self.rho) or (self.match is not None and self.match.layout.skip(m, self.rho))
 
-    def chosen(self, scores, kv, ids, candidates) -> torch.Tensor:
+    def chosen(self, scores, kv, ids, candidates, context: CallContext) -> torch.Tensor:
         """Indices into the candidates: the layout's budget, or exactly the paired rule's row count."""
         if self.match is None:
             return self.layout.rows(scores, self.rho, kv.length)
-        return self.layout.exactly(scores, self.match.rows(self.bb, kv, ids, candidates, self.rho))
+        return self.layout.exactly(scores, self.match.rows(self.bb, kv, ids, candidates, self.rho, context))
 
     def replay(self, call: dict) -> None:
         super().replay(call)

@@ -15,6 +15,9 @@ a run resumes (nothing, unless the selector draws from a stream).
   assembled cache's layer-1 values, row by row. Fresh values need layer 0 over every row, which
   is exact in an assembled cache, so two layers are run over the whole prompt.
 - AttendedDeviationSelector (`ours`, this lab's pre-registered rule): the draft's score times CacheBlend's.
+- QuestionSelector, SeamsSelector, WindowSelector: the rules that read the segment map (the prompt's own
+  trailing text run over the cache; the first rows after every seam; a window after every seam in
+  proportion to its segment).
 """
 
 from __future__ import annotations
@@ -27,14 +30,22 @@ import torch
 
 from bcr_core import paper
 from bcr_core.engine.backbone import Draft
+from bcr_core.engine.kernels import GROUPED_EAGER
 from bcr_core.errors import UsageError
+from bcr_core.repair.call_context import CallContext
 from bcr_core.repair.row_scores import row_scores
+
+EXACT_ROW = -1.0e9  # a row rule's score for a row KVComm did not predict: chosen only after every predicted row
 
 
 @dataclass
 class Ranking:
     scores: torch.Tensor  # (len(rows),)
     draft: Draft | None = None
+
+
+def candidate_scores(scores: torch.Tensor, rows) -> torch.Tensor:
+    return scores if rows is None else scores[torch.as_tensor(rows, dtype=torch.long)]
 
 
 class Selector(ABC):
@@ -115,10 +126,8 @@ class CacheBlendSelector(Selector):
         return Ranking(deviation if rows is None else deviation[rows])
 
 
-# The deployable selectors by name: a repair condition is one of them and a layout (`conditions`),
-# and the arena's field holds them beside its own (`arena.registry`).
 class AttendedDeviationSelector(Selector):
-    """`ours` (this lab's, PRE-REGISTERED: rule fixed in `bcr_core/arena/context_selectors.py` before any arena item was
+    """`ours` (this lab's, PRE-REGISTERED: rule fixed in the arena's selector module before any arena item was
     run, moved here unchanged so that a run serves it too, and reported on the second half of the arena's items
     by `bcr_core.arena.measures`, whatever they say): rows both attended and wrong. Row j scores a_j x d_j, a_j
     the draft's Algorithm 2 score (`DraftSelector`, k = 2 tokens) and d_j CacheBlend's layer-1 value deviation
@@ -136,6 +145,84 @@ class AttendedDeviationSelector(Selector):
         return Ranking(scores if rows is None else scores[rows], drafted.draft)
 
 
+def trailing_attention(bb, kv, ids, last_id, start: int) -> torch.Tensor:
+    """(layers, queries, query heads, M): the attention the prompt's trailing tokens (rows
+    `start`..M-1 of the prompt and its last token) pay to the cache's rows when run forward over
+    the assembled rows before `start`, causally among themselves. The cache is not modified."""
+    m = kv.length
+    trailing = [int(t) for t in ids[start:m]] + [int(last_id)]
+    cache = kv.truncate(start).to_cache(room=len(trailing))
+    fed = torch.tensor([trailing], device=bb.device)
+    positions = torch.arange(start, start + len(trailing), device=bb.device)[None]
+    with torch.inference_mode(), bb.attention_implementation(GROUPED_EAGER):
+        out = bb.model(
+            input_ids=fed, position_ids=positions, cache=cache, use_cache=True, output_attentions=True, logits_to_keep=1
+        )
+    return torch.stack([a[0, :, :, :m].transpose(0, 1) for a in out.attentions]).float()
+
+
+class QuestionSelector(Selector):
+    """`question` (the A3 / ProphetKV family in its plainest form, no draft): the prompt's own
+    trailing tokens, the template text after the last placeholder (the instruction after the last
+    shared segment) and the prompt's final token, are run forward over the assembled cache before
+    them. Kept: their softmax attention weights on every cached row, at every layer (layer 1
+    included) and query head. Fused: row j scores the sum over layers of the mean over those
+    queries and query heads. Their own rows are scored by the attention among themselves. The
+    forward is discarded (one pass)."""
+
+    name, row_rule, passes = "question", False, 1
+
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
+        context = context or CallContext([])
+        attention = trailing_attention(bb, kv, ids, last_id, context.trailing_start(kv.length))
+        return Ranking(candidate_scores(attention.mean(dim=(1, 2)).sum(dim=0).cpu(), rows))
+
+
+class SeamsSelector(Selector):
+    """`seams` (EPIC's LegoLink, the attention sink at every seam): the first rows of every reused
+    segment (each placeholder's value and the text after it, `CallContext.segments`), spread
+    evenly: every segment's first row, then every segment's second row, and so on, in prompt order
+    at each depth, until the count; rows KVComm did not predict only after every predicted row.
+    Row j of a segment starting at s scores -(j - s)."""
+
+    name, row_rule, passes = "seams", True, 0
+
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
+        scores = torch.full((kv.length,), EXACT_ROW, dtype=torch.float64)
+        for start, stop in (context or CallContext([])).segments(kv.length):
+            scores[start:stop] = -torch.arange(stop - start, dtype=torch.float64)
+        return Ranking(candidate_scores(scores, rows))
+
+
+class WindowSelector(Selector):
+    """`window` (arXiv 2609.17983, "Contiguity, Not Importance"): a contiguous window right after
+    each seam, every segment's window the same share of its length. Row j of a segment [s, e)
+    scores -(j - s + 1/2) / (e - s), so the count is apportioned over the segments by their lengths
+    as Webster's (Sainte-Lague's) divisor method does: a segment of L rows gets about R x L / P of
+    R rows (P the predicted rows), each window contiguous from its seam, ties to the earlier row;
+    rows KVComm did not predict only after every predicted row. Where `seams` gives every segment
+    the same number of rows, `window` gives every segment the same fraction."""
+
+    name, row_rule, passes = "window", True, 0
+
+    def rank(self, bb, kv, ids, last_id, rows=None, *, context: CallContext | None = None) -> Ranking:
+        scores = torch.full((kv.length,), EXACT_ROW, dtype=torch.float64)
+        for start, stop in (context or CallContext([])).segments(kv.length):
+            scores[start:stop] = -(torch.arange(stop - start, dtype=torch.float64) + 0.5) / (stop - start)
+        return Ranking(candidate_scores(scores, rows))
+
+
+# The deployable selectors by name: a repair condition is one of them and a layout (`conditions`),
+# and the arena's field holds them beside its own (`arena.registry`).
 SELECTORS: dict[str, type[Selector]] = {
-    cls.name: cls for cls in (DraftSelector, CoinSelector, CacheBlendSelector, AttendedDeviationSelector)
+    cls.name: cls
+    for cls in (
+        DraftSelector,
+        CoinSelector,
+        CacheBlendSelector,
+        AttendedDeviationSelector,
+        QuestionSelector,
+        SeamsSelector,
+        WindowSelector,
+    )
 }

@@ -1,6 +1,7 @@
-"""What the arena hands a selector beside the cache: the call's segment map, its place in the run
-and, for the oracles only, the exact cache of the same ids. Deployable selectors read at most the
-segment map (a server has it too); a rule that reads `exact` is a ceiling, not a method."""
+"""What a selector may read beside the cache: the call's segment map, its place in the run and, for the
+K/V-error rankings only, the exact cache of the same ids. Deployable selectors read at most the segment map
+(a BCR server hands it over on every call, the arena too); a rule that reads `exact` is a ceiling, not a
+method, and only the arena runs it."""
 
 from __future__ import annotations
 
@@ -35,5 +36,7 @@ class CallContext:
 
     def need_exact(self, who: str) -> KV:
         if self.exact is None:
-            raise ValueError(f"the {who} selector reads the exact cache: pass CallContext(exact=...) (the arena does)")
+            raise ValueError(
+                f"the {who} selector reads the exact cache: pass CallContext(exact=...) (the arena does; a run cannot)"
+            )
         return self.exact
