@@ -315,6 +315,24 @@ def test_a_run_serves_each_selector_at_the_paired_count_choosing_the_arenas_rows
     assert repaired, "no call repaired a row"
 
 
+def test_an_arena_on_humaneval_records_each_calls_docstring_rows(tiny_chat, chat_tokenizer, tmp_path):
+    """On a code question the arena keeps, per measured call, the rows the question's docstrings were tokenized
+    into: they decode to the docstring of the task the call read, and lie inside its question segment."""
+    from bcr_core.data import datasets
+
+    prompts = {item["id"]: item["prompt"] for item in datasets.load_humaneval()}
+    cell = make_arena_cell(benchmark="humaneval", n=4, agents=2, max_new_tokens=4, gamma=1.0, selectors="draft")
+    run_arena(tiny_chat, cell, tmp_path, progress=False)
+    measured = [c for c in read_jsonl(tmp_path / "calls.jsonl") if "arena" in c]
+    assert measured, "no call was served from an assembled cache"
+    for call in measured:
+        question = next(s for s in call["segment_map"] if s["name"] == "user_question")
+        [(first, last)] = call["arena"]["docstring"]  # HumanEval/0 to /3: one docstring each
+        assert question["start"] < first < last <= question["stop"]
+        docstring = prompts[call["item_id"]].split('"""')[1]
+        assert docstring.strip() in chat_tokenizer.decode(call["merged_ids"][first:last])
+
+
 def test_an_arena_cut_short_resumes_to_the_same_records(tiny_chat, arena_run, tmp_path):
     folder = tmp_path / "arena"
     shutil.copytree(arena_run, folder)

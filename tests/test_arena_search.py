@@ -171,6 +171,30 @@ def test_on_an_arena_runs_records_the_searched_kl_is_at_most_every_selectors(tin
     assert "searched" not in " ".join(measures.verdicts(frame)["claim"])
 
 
+def composed_call(docstring=None) -> dict:
+    """One searched call: an exact prefix [0, 4), the question [4, 12) and template text [12, 16); a selector's
+    set of rows 2..9 (two on the prefix, six in the question)."""
+    spans = [
+        {"name": "prefix", "start": 0, "stop": 4, "placeholder": False},
+        {"name": "user_question", "start": 4, "stop": 12, "placeholder": True},
+        {"name": "after:user_question", "start": 12, "stop": 16, "placeholder": False},
+    ]
+    entry = {"selector": "draft", "budget": PAIRED, "rows": 8, "runs": [[2, 10]], "kl": 0.1}
+    arena = {"cached_rows": 16, "search": {SEARCHER: {}}, "entries": [entry]}
+    return {"item_id": "t", "node": "agent_2", "segment_map": spans, "arena": arena | (docstring or {})}
+
+
+def test_a_code_questions_docstring_rows_are_their_own_region():
+    """Rows 7..10 are the question's docstring: of the set's 8 rows, 2 on the prefix, 3 on the question's code
+    (4, 5, 6) and 3 on its docstring (7, 8, 9); of the cache's 16, 4 docstring rows, 4 code rows."""
+    made = ceiling.composition([composed_call({"docstring": [[7, 11]]})]).set_index(["selector", "budget"])
+    draft, cache = made.loc[("draft", PAIRED)], made.loc[(ceiling.CACHE, "")]
+    assert (draft["prefix"], draft["question"], draft["docstring"], draft["template"]) == (2 / 8, 3 / 8, 3 / 8, 0)
+    assert (cache["question"], cache["docstring"], cache["template"]) == (4 / 16, 4 / 16, 4 / 16)
+    plain = ceiling.composition([composed_call()])
+    assert "docstring" not in plain and plain.loc[plain["selector"] == "draft", "question"].item() == 6 / 8
+
+
 @pytest.mark.parametrize("folder", ["arena-gemma-3-270m-bos", "arena"])
 def test_in_the_committed_records_no_selector_leaves_less_kl_than_the_searched_set(folder):
     """Every committed call and budget: no selector's set at the searched set's row count leaves less KL."""

@@ -12,7 +12,8 @@ selector's picks overlap them. The item is the unit: per-call values are average
   means over items with a bootstrap 95% interval.
 - `composition`: per selector and budget, the share of its rows in each region of the prompt
   (`REGIONS`: the agent's exact prefix, the question, agents' answers, template text after a
-  placeholder), the share at seams (the first `SEAM_ROWS` rows of a reused segment; overlaps the
+  placeholder; on a code question whose records hold its prose rows, `docstring` split out of the
+  question, `region_names`), the share at seams (the first `SEAM_ROWS` rows of a reused segment; overlaps the
   regions), and its runs of consecutive rows per set; `cache` is the cache's own shares.
 - `overlap`: per selector and budget, the Jaccard overlap of its rows with the searched set's.
 - `violations`: every (call, budget, selector) whose KL lies below the searched set's at the same
@@ -31,6 +32,7 @@ from bcr_core.arena.search import rows_of, stopped_at_cap
 from bcr_core.errors import UsageError
 
 REGIONS = ("prefix", "question", "answers", "template")
+DOCSTRING = "docstring"  # a code question's prose (its docstrings), where an arena record holds its rows
 SEAM_ROWS = 4  # the rows of a reused segment counted as its seam
 CACHE = "cache"  # composition's row for the cache itself
 
@@ -100,8 +102,16 @@ def reach(calls: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(out).rename(columns={"kl": SEARCHED})
 
 
-def regions(spans: list[dict], m: int) -> tuple[list[str], set[int]]:
-    """Each row's region (`REGIONS`) and the seam rows, from a call's segment map."""
+def region_names(calls: list[dict]) -> tuple[str, ...]:
+    """`REGIONS`, with `docstring` after `question` where the records split a code question's prose out."""
+    if any(DOCSTRING in c.get("arena", {}) for c in calls):
+        return ("prefix", "question", DOCSTRING, "answers", "template")
+    return REGIONS
+
+
+def regions(spans: list[dict], m: int, docstring=()) -> tuple[list[str], set[int]]:
+    """Each row's region (`REGIONS`) and the seam rows, from a call's segment map; rows of the question in
+    `docstring` (runs [start, stop)) are `docstring`'s."""
     where = ["prefix"] * m
     seams = set()
     for span in spans:
@@ -112,29 +122,31 @@ def regions(spans: list[dict], m: int) -> tuple[list[str], set[int]]:
         region = "answers" if span["placeholder"] and span["name"] != "user_question" else region
         where[start:stop] = [region] * (stop - start)
         seams |= set(range(start, min(start + SEAM_ROWS, stop)))
+    for start, stop in docstring:
+        where[start:stop] = [DOCSTRING if w == "question" else w for w in where[start:stop]]
     return where, seams
 
 
-def shares(rows: list[int], where: list[str], seams: set[int]) -> dict:
+def shares(rows: list[int], where: list[str], seams: set[int], names=REGIONS) -> dict:
     n = max(len(rows), 1)
     runs = sum(1 for i, j in enumerate(rows) if i == 0 or rows[i - 1] != j - 1)
-    return {r: sum(where[j] == r for j in rows) / n for r in REGIONS} | {
+    return {r: sum(where[j] == r for j in rows) / n for r in names} | {
         "seams": sum(j in seams for j in rows) / n,
         "runs": runs,
     }
 
 
 def composition(calls: list[dict]) -> pd.DataFrame:
-    out = []
+    out, names = [], region_names(calls)
     for call in searched_calls(calls):
         m = call["arena"]["cached_rows"]
-        where, seams = regions(call["segment_map"], m)
+        where, seams = regions(call["segment_map"], m, call["arena"].get(DOCSTRING, ()))
         key = {"item_id": call["item_id"]}
-        out.append(key | {"selector": CACHE, "budget": ""} | shares(list(range(m)), where, seams))
+        out.append(key | {"selector": CACHE, "budget": ""} | shares(list(range(m)), where, seams, names))
         for entry in call["arena"]["entries"]:
             if entry["rows"]:
                 row = {"selector": control_label(entry["selector"]), "budget": entry["budget"]}
-                out.append(key | row | shares(rows_of(entry["runs"]), where, seams))
+                out.append(key | row | shares(rows_of(entry["runs"]), where, seams, names))
     frame = pd.DataFrame(out)
     per_item = frame.groupby(["selector", "budget", "item_id"], sort=False).mean()
     return per_item.groupby(["selector", "budget"], sort=False).mean().reset_index()

@@ -166,21 +166,22 @@ def ceiling_markdown(calls: list[dict]) -> str:
             f"| {r.budget} | {r.rows_per_call:.1f} | {r.unrepaired:.4f} | {r.searched:.4f} | "
             f"{r.token_matched:.4f} | {100 * r.reached:.0f}% [{100 * r.lo:.0f}, {100 * r.hi:.0f}] |"
         )
-    made = ceiling.composition(calls)
+    made, names = ceiling.composition(calls), ceiling.region_names(calls)
     made = made[made["budget"].isin(["", PAIRED])]
+    question = "question" if ceiling.DOCSTRING not in names else "question's code, in its docstrings"
     lines += [
         "",
         f"What the sets are made of at the paired count: share of their rows on the agent's exact prefix, in the "
-        f"question, in agents' answers, in template text, at seams (a reused segment's first {ceiling.SEAM_ROWS} "
+        f"{question}, in agents' answers, in template text, at seams (a reused segment's first {ceiling.SEAM_ROWS} "
         "rows), runs of consecutive rows per set, and the Jaccard overlap with the searched set (`cache`: the "
         "cache's own shares):",
         "",
-        "| selector | prefix % | question % | answers % | template % | seams % | runs / set | Jaccard with searched |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| selector | {' | '.join(f'{n} %' for n in names)} | seams % | runs / set | Jaccard with searched |",
+        "| --- " * (len(names) + 4) + "|",
     ]
     jaccard = ceiling.overlap(calls).get(PAIRED, pd.Series(dtype=float))
     for r in made.itertuples():
-        shares = " | ".join(f"{100 * getattr(r, k):.0f}" for k in (*ceiling.REGIONS, "seams"))
+        shares = " | ".join(f"{100 * getattr(r, k):.0f}" for k in (*names, "seams"))
         overlap = "" if r.selector not in jaccard.index else f"{jaccard[r.selector]:.2f}"
         lines.append(f"| `{r.selector}` | {shares} | {r.runs:.1f} | {overlap} |")
     return "\n".join(lines)

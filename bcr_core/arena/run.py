@@ -29,6 +29,8 @@ from bcr_core.engine.memory import release_freed_memory
 from bcr_core.errors import UsageError
 from bcr_core.repair.layouts import check_rho
 from bcr_core.reuse.calls import drive
+from bcr_core.reuse.prompts import QUESTION
+from bcr_core.reuse.segments import text_rows
 from bcr_core.runs.cell import Cell
 from bcr_core.runs.run_writer import RunFiles
 from bcr_core.runs.runner import Interrupted, SharedReference, item_record
@@ -79,10 +81,11 @@ class KeptReference(SharedReference):
         return self.served[(tuple(dense_ids), max_new_tokens)]
 
 
-def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell, index: int) -> list[dict]:
+def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell, index: int, question: str):
     """The item's call records, each assembled call's with its `arena` field where this lane
-    measures the item."""
+    measures the item (and, on a code question, `docstring`: the rows of its prose, as runs)."""
     chunk = parse(cell.conditions[0]).option("chunk")
+    prose = benchmarks.prose_spans(cell.benchmark, question)
     out = []
     for number, call in enumerate(request.calls):
         record = call.to_dict() | {"item_id": request.item_id}
@@ -95,8 +98,16 @@ def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell,
                 "item_index": index,
                 "items": cell.n,
             }
+            if prose:
+                record["arena"]["docstring"] = prose_rows(bb, call, question, prose)
         out.append(record)
     return out
+
+
+def prose_rows(bb, call, question: str, prose) -> list[list[int]]:
+    """The call's rows on the question's prose, as runs; [] where the call holds no question segment."""
+    span = next((s for s in call.segment_map if s["name"] == QUESTION), None)
+    return [] if span is None else text_rows(bb.tokenizer, call.merged_ids, span, question, prose)
 
 
 def check_layers(selectors, layers: int) -> None:
@@ -155,7 +166,8 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
                     serving.replay(done_calls.get((condition, item_id), []))
                 else:
                     request = serving.serve(item)
-                    calls = arena_calls(bb, request, serving.reference, entries, cell, index)
+                    question = benchmarks.question_text(cell.benchmark, item)
+                    calls = arena_calls(bb, request, serving.reference, entries, cell, index, question)
                     files.append(item_record(cell, condition, index, item, request), calls)
                     release_freed_memory()
                 bar.update(1)

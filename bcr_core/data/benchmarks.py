@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bcr_core.data import datasets, grading, roles, sandbox, synthetic
+from bcr_core.data import code_text, datasets, grading, roles, sandbox, synthetic
 from bcr_core.data.roles import RoleSet
 from bcr_core.errors import UsageError
 
@@ -25,6 +25,7 @@ class Benchmark:
     grade: Callable[[str, dict], dict]  # an answer's verdict: `correct`, `pred`, ...
     roles: RoleSet
     check_grader: Callable[[], None] = lambda: None  # raises, before a run scores anything, if grading cannot run
+    prose: Callable[[str], list[tuple[int, int]]] = lambda question: []  # the question's prose within its code
 
 
 def check_grader(name: str) -> None:
@@ -50,6 +51,7 @@ REGISTRY = {
             grading.score_humaneval,
             roles.HUMANEVAL,
             sandbox.check_sandbox,
+            code_text.prose_spans,
         ),
         Benchmark(
             "synthetic", synthetic.make_items, lambda item: item["question"], synthetic.score_answer, roles.SYNTHETIC
@@ -87,6 +89,12 @@ def load_items(benchmark: str, n: int | None = None, first: int = 0, **options) 
 
 def question_text(benchmark: str, item: dict) -> str:
     return get(benchmark).question(item)
+
+
+def prose_spans(benchmark: str, question: str) -> list[tuple[int, int]]:
+    """[start, stop) characters of a code question's prose (HumanEval's docstrings); [] where the whole
+    question is prose (every other benchmark)."""
+    return get(benchmark).prose(question)
 
 
 def score(benchmark: str, text: str, item: dict, **options) -> dict:
