@@ -195,6 +195,25 @@ def test_a_code_questions_docstring_rows_are_their_own_region():
     assert "docstring" not in plain and plain.loc[plain["selector"] == "draft", "question"].item() == 6 / 8
 
 
+def test_the_ceiling_s_share_of_kvcomm_s_kl_is_read_against_kvcomm_not_the_reachable():
+    """Two items, KVComm's KL 0.010 and 0.030, the searched set's 0.004 and 0.012, token-matched Dense's (the tax
+    no rows repair) 0.002 and 0.006: of KVComm's KL the set recovers (0.006 + 0.018) / (0.010 + 0.030) = 60%, of
+    the reachable (0.024) / (0.008 + 0.024) = 75%."""
+    calls = []
+    for item, (kvcomm, found, tax) in enumerate([(0.010, 0.004, 0.002), (0.030, 0.012, 0.006)]):
+        entry = {"selector": SEARCHER, "budget": "0.2", "rows": 4, "rows_wasted": 0, "kl": found, "runs": [[0, 4]]}
+        arena = {"cached_rows": 16, "item_index": item, "items": 2, "search": {SEARCHER: {}}, "entries": [entry]}
+        arena |= {
+            "unrepaired": {"kl": kvcomm},
+            "token_matched": {"kl": tax},
+            "cost": {SEARCHER: {"passes": 1, "ms": 1}},
+        }
+        calls.append({"item_id": f"t{item}", "node": "agent_2", "segment_map": [], "arena": arena})
+    row = ceiling.reach(calls).set_index("budget").loc["0.2"]
+    assert row["recovered"] == pytest.approx(0.60) and row["reached"] == pytest.approx(0.75)
+    assert row["recovered_lo"] <= 0.60 <= row["recovered_hi"] and row["lo"] <= 0.75 <= row["hi"]
+
+
 @pytest.mark.parametrize("folder", ["arena-gemma-3-270m-bos", "arena"])
 def test_in_the_committed_records_no_selector_leaves_less_kl_than_the_searched_set(folder):
     """Every committed call and budget: no selector's set at the searched set's row count leaves less KL."""
