@@ -354,7 +354,7 @@ def test_an_arena_cut_short_resumes_to_the_same_records(tiny_chat, arena_run, tm
 
 
 # -- the measures ----------------------------------------------------------------------------------
-def fake_calls(kl: dict[str, list[float]]) -> list[dict]:
+def fake_calls(kl: dict[str, list[float]], item_id=lambda i: f"synth-s0-r8-{i:04d}") -> list[dict]:
     """One assembled call per item, at the paired budget and one sweep point, with the given KLs."""
     calls, n = [], len(next(iter(kl.values())))
     for i in range(n):
@@ -366,7 +366,7 @@ def fake_calls(kl: dict[str, list[float]]) -> list[dict]:
         ]
         cost = {s: {"passes": 0, "ms": 1.0} for s in kl}
         arena = {"cached_rows": 40, "entries": entries, "cost": cost, "item_index": i, "items": n}
-        calls.append({"item_id": f"i{i}", "node": "agent_1", "arena": arena})
+        calls.append({"item_id": item_id(i), "node": "agent_1", "arena": arena})
     return calls
 
 
@@ -445,13 +445,17 @@ def test_a_p_at_the_sign_flip_floor_is_printed_as_the_floor_not_as_a_value():
 @pytest.mark.parametrize(
     ("ids", "read"),
     [
-        (lambda i: f"synth-s2-r8-{i:04d}", "every"),  # a fresh item seed: its confirmation, on every item
-        (lambda i: f"synth-s0-r8-{i:04d}", "half"),  # the seed `ours` was designed on: the second half
-        (lambda i: f"synth-s2-r8-{i:04d}" if i else f"synth-s0-r8-{i:04d}", "half"),  # one design item: not fresh
-        (lambda i: f"gsm8k-{i}", "half"),  # no item seed to tell: the pre-registered rule
+        (lambda i: f"synth-s2-r8-{i:04d}", measures.FRESH),  # a fresh item seed: its confirmation, every item
+        (lambda i: f"synth-s0-r8-{i:04d}", measures.HELD_OUT),  # the seed `ours` was designed on: the second half
+        (lambda i: f"synth-s2-r8-{i:04d}" if i else f"synth-s0-r8-{i:04d}", measures.HELD_OUT),  # one design item
+        (lambda i: f"HumanEval/{i}", measures.OTHER_BENCHMARK),  # another benchmark: no item was seen in design
+        (lambda i: f"gsm8k-{i}", measures.OTHER_BENCHMARK),
     ],
 )
-def test_ours_is_read_on_every_item_of_a_fresh_item_seed_and_on_the_second_half_otherwise(ids, read):
+def test_ours_is_read_on_every_item_it_was_not_designed_on_and_on_the_second_half_otherwise(ids, read):
+    """`ours` was designed on the synthetic task's seed-0 items (SmolLM2's arena, first half): every item of
+    another seed or another benchmark is one it never saw, so all are read; a run holding a design item reads
+    the second half, as pre-registered."""
     n = 10
     kl = {"draft": [0.5] * n, "coin:seed=0": [1.0] * n, "ours": [0.1 * (i + 1) for i in range(n)]}
     calls = fake_calls(kl)
@@ -459,11 +463,11 @@ def test_ours_is_read_on_every_item_of_a_fresh_item_seed_and_on_the_second_half_
         call["item_id"] = ids(i)
     frame = measures.arena_frame(calls)
     table = measures.verdicts(frame).set_index("claim")
-    read_items = range(n) if read == "every" else range(n // 2, n)
+    read_items = range(n // 2, n) if read == measures.HELD_OUT else range(n)
     expected_ours = sum(0.1 * (i + 1) for i in read_items) / len(read_items)
     assert table.loc["ours beats draft", "n"] == len(read_items)
     assert table.loc["ours beats draft", "effect"] == pytest.approx(0.5 - expected_ours)
-    assert table.loc["ours beats draft", "read_on"] == (measures.FRESH if read == "every" else measures.HELD_OUT)
+    assert table.loc["ours beats draft", "read_on"] == read
     assert table.loc["draft beats coin", "n"] == n  # the others on every item, whatever the seed
     ours = measures.selector_table(frame).set_index("selector").loc["ours"]
     assert ours["items"] == len(read_items) and ours["kl_per_item"] == pytest.approx(expected_ours)

@@ -42,6 +42,7 @@ from bcr_core.errors import UsageError
 COIN, DRAFT, KV_ERROR, OURS, SEARCHED = "coin", "draft", "kv-error", "ours", "searched"
 HELD_OUT = "second half of the items (pre-registered)"
 FRESH = "items of an item seed `ours` was not designed on, every one (confirmation)"
+OTHER_BENCHMARK = "items of a benchmark `ours` was not designed on, every one"
 DESIGN_SEED = 0  # `ours` was designed on the synthetic task's seed-0 items (the first half of SmolLM2's arena)
 
 
@@ -84,15 +85,24 @@ def per_item(frame: pd.DataFrame, budget: str = PAIRED, measure: str = "kl") -> 
     return table.reindex([i for i in order if i in table.index])
 
 
+def synthetic_seeds(frame: pd.DataFrame) -> pd.Series:
+    """Per row: the synthetic item seed of its item (NaN for another benchmark's item)."""
+    return frame["item_id"].astype(str).str.extract(r"^synth-s(\d+)-")[0]
+
+
 def fresh_items(frame: pd.DataFrame) -> bool:
-    """Whether every item of the run is of a synthetic item seed other than `DESIGN_SEED`."""
-    seeds = frame["item_id"].astype(str).str.extract(r"^synth-s(\d+)-")[0]
-    return bool(seeds.notna().all() and (seeds.astype(int) != DESIGN_SEED).all())
+    """Whether no item of the run is one `ours` was designed on (a synthetic item of `DESIGN_SEED`): items of
+    another seed, or of another benchmark (HumanEval's), were never seen in its design, so every one is read."""
+    seeds = synthetic_seeds(frame).dropna()
+    return not (seeds.astype(int) == DESIGN_SEED).any()
 
 
 def ours_read_on(frame: pd.DataFrame) -> str:
-    """The items `ours` is read on, in words: every item of a fresh seed, else the second half."""
-    return FRESH if fresh_items(frame) else HELD_OUT
+    """The items `ours` is read on, in words: every item of a fresh seed or another benchmark, else the
+    second half."""
+    if not fresh_items(frame):
+        return HELD_OUT
+    return FRESH if synthetic_seeds(frame).notna().all() else OTHER_BENCHMARK
 
 
 def in_held_out(frame: pd.DataFrame) -> pd.Series:
