@@ -54,9 +54,9 @@ def test_a_question_segment_s_prose_rows_decode_to_its_docstring(chat_tokenizer)
     ids = head + question + tail
     span = {"name": "user_question", "start": len(head), "stop": len(head) + len(question), "placeholder": True}
     [(start, stop)] = prose_spans(prompt)
-    runs = text_rows(chat_tokenizer, ids, span, prompt, [(start, stop)])
-    assert len(runs) == 1
-    first, last = runs[0]
+    found = text_rows(chat_tokenizer, ids, span, prompt, [(start, stop)])
+    first, last = found[0], found[-1] + 1
+    assert found == list(range(first, last))  # one run of rows
     assert len(head) < first and last <= span["stop"]
     covered = chat_tokenizer.decode(ids[first:last])
     assert prompt[start:stop] in covered and "def has_close_elements" not in covered

@@ -118,7 +118,8 @@ def ratio_with_interval(pairs: np.ndarray, name: str) -> dict:
 def region_names(calls: list[dict]) -> tuple[str, ...]:
     """`REGIONS`, with `docstring` after `question` where the records split a code question's prose out."""
     if any(DOCSTRING in c.get("arena", {}) for c in calls):
-        return ("prefix", "question", DOCSTRING, "answers", "template")
+        after = REGIONS.index("question") + 1
+        return (*REGIONS[:after], DOCSTRING, *REGIONS[after:])
     return REGIONS
 
 

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from bcr_core.agents.pipeline import Pipeline
 from bcr_core.arena.copies import ArenaCall, DenseReference, run_call
 from bcr_core.arena.registry import DEFAULT, make_entries, parse_spec
+from bcr_core.arena.search import runs
 from bcr_core.arena.shards import owns, parse_shard
 from bcr_core.conditions import condition, make_server, parse
 from bcr_core.data import benchmarks
@@ -107,7 +108,7 @@ def arena_calls(bb, request, reference: KeptReference, entries, cell: ArenaCell,
 def prose_rows(bb, call, question: str, prose) -> list[list[int]]:
     """The call's rows on the question's prose, as runs; [] where the call holds no question segment."""
     span = next((s for s in call.segment_map if s["name"] == QUESTION), None)
-    return [] if span is None else text_rows(bb.tokenizer, call.merged_ids, span, question, prose)
+    return [] if span is None else runs(text_rows(bb.tokenizer, call.merged_ids, span, question, prose))
 
 
 def check_layers(selectors, layers: int) -> None:

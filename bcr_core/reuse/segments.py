@@ -164,19 +164,15 @@ def rows(ids: list[int], span: dict) -> list[int]:
     return ids[span["start"] : span["stop"]]
 
 
-def text_rows(tokenizer, ids: list[int], span: dict, text: str, char_spans) -> list[list[int]]:
+def text_rows(tokenizer, ids: list[int], span: dict, text: str, char_spans) -> list[int]:
     """The rows of a segment whose ids are `text` tokenized alone (as the reuse path tokenizes a placeholder's
-    value) that cover `char_spans` of the text, as runs [start, stop): a row belongs when the characters it was
-    cut from overlap a span. [] when the segment's ids are not the text tokenized alone."""
+    value) that cover `char_spans` of the text, in order: a row belongs when the characters it was cut from
+    overlap a span. [] when the segment's ids are not the text tokenized alone."""
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if encoded["input_ids"] != rows(ids, span):
         return []
-    inside = [any(a < stop and start < b for start, stop in char_spans) and b > a for a, b in encoded["offset_mapping"]]
-    out: list[list[int]] = []
-    for j, hit in enumerate(inside):
-        row = span["start"] + j
-        if hit and out and out[-1][1] == row:
-            out[-1][1] = row + 1
-        elif hit:
-            out.append([row, row + 1])
-    return out
+    return [
+        span["start"] + j
+        for j, (a, b) in enumerate(encoded["offset_mapping"])
+        if b > a and any(a < stop and start < b for start, stop in char_spans)
+    ]
