@@ -43,6 +43,7 @@ from bcr_core.engine.invariance import decode_rows, invariant_decoding
 from bcr_core.engine.kernels import BLOCKED, DISPATCH, QUERY_BLOCK, kernel, key_extents, key_grid
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
+from bcr_core.engine.products import float32_products, needs_float32_products
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
 from bcr_core.engine.static import Steps
 from bcr_core.engine.stopping import StopRule
@@ -120,6 +121,8 @@ class Backbone:
         self.name = name
         self.config = model.config
         self.model.set_attn_implementation(DISPATCH)  # the kernel is chosen per thread (`kernels.kernel`)
+        if needs_float32_products(self.device, self.dtype):  # half precision on a CPU without its matrix units
+            float32_products(self.model)
         self.rotations = layer_rotations(model)
         self.steps = Steps(self)
         self.batch_invariant = True  # decode steps batch-invariant where they can be (`engine.invariance`)

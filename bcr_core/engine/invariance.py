@@ -59,12 +59,35 @@ def fixed_row_linear(
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+class DecodeStep(threading.local):
+    """The rows of every product while this thread runs a batch-invariant decode step; None outside one."""
+
+    rows: int | None = None
+
+
+decode_step = DecodeStep()
+
+
+def decode_step_rows() -> int | None:
+    """The rows of every product of the decode step this thread is running (`FixedRowProducts`), or None."""
+    return decode_step.rows
+
+
 class FixedRowProducts(TorchFunctionMode):
     """Every `F.linear` (every `nn.Linear` of the model) inside the block runs as `fixed_row_linear`."""
 
     def __init__(self, block: int = ROWS):
         super().__init__()
         self.block = block
+        self.outer = None
+
+    def __enter__(self):
+        self.outer, decode_step.rows = decode_step.rows, self.block
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        decode_step.rows = self.outer
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.linear:
