@@ -5,12 +5,13 @@ products of several rows; one row, and every decode step's rows, in half precisi
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_family_config
+from conftest import random_ids, tiny_family_config
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from bcr_core.engine import products
 from bcr_core.engine.backbone import Backbone
+from bcr_core.engine.batching import BatchDecoder
 from bcr_core.engine.invariance import FixedRowProducts
 from bcr_core.engine.products import Float32Products, float32_products, needs_float32_products
 
@@ -98,3 +99,26 @@ def test_a_half_precision_model_computes_in_float32_only_on_a_cpu_without_its_un
     bb = Backbone.from_config(tiny_family_config("llama"), device="cpu", dtype=torch.bfloat16, seed=0)
     linears = [m for m in bb.model.modules() if isinstance(m, nn.Linear)]
     assert linears and all((type(m) is Float32Products) is not native for m in linears)
+
+
+def test_a_tiny_bfloat16_model_with_float32_products_decodes_alone_as_in_a_batch():
+    """Prefills in float32 products, decode steps in one-row bfloat16 ones: a sequence's tokens and logits are
+    the same decoded alone and beside two companions (a rule that read the batch's rows would send the batch's
+    products to float32 and the lone row's to bfloat16; at the Qwen coder's width, where the two round apart)."""
+    wide = {"hidden_size": 896, "intermediate_size": 3584, "num_attention_heads": 56, "num_key_value_heads": 28}
+    bb = Backbone.from_config(tiny_family_config("llama", **wide), device="cpu", dtype=torch.bfloat16, seed=0)
+    float32_products(bb.model)
+    caches = []
+    for i, n in enumerate([9, 23, 14]):
+        ids = random_ids(n + 1, seed=i)
+        caches.append((bb.prefill(ids[:-1]), ids[-1]))
+    alone = bb.generate(*caches[0], 10, stop_ids=(), keep_logits=True)
+    decoder, done, steps = BatchDecoder(bb, stop_ids=()), {}, []
+    handle = bb.model.lm_head.register_forward_hook(lambda module, args, out: steps.append(out[0, -1].float()))
+    for i, (kv, last) in enumerate(caches):
+        decoder.add(i, kv, last, 10)
+    while decoder:
+        done.update(decoder.step())
+    handle.remove()
+    assert done[0].tokens == alone.tokens
+    assert torch.equal(torch.stack(steps), torch.stack(alone.logits).float())
