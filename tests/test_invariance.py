@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE, FAMILIES, random_ids, tiny_family_config
-from torch.overrides import TorchFunctionMode
+from helpers import Products
 
 from bcr_core.data import datasets
 from bcr_core.engine.backbone import Backbone
@@ -39,23 +39,10 @@ def test_a_rows_product_is_the_same_at_any_place_among_any_companions(dtype):
     plain = F.linear(row[None], weight)[0].double()
     assert (alone.double() - plain).abs().max() <= 64 * torch.finfo(dtype).eps * plain.abs().max()
     for m in (1, 13):  # one shape: a lone row padded to `ROWS` rows, 13 rows cut into blocks of `ROWS`
-        with ProductRows() as products:
+        with Products() as products:
             fixed_row_linear(torch.randn(m, 96, generator=generator).to(dtype), weight)
         assert products.rows == [ROWS] * -(-m // ROWS), (m, products.rows)
     assert 1 < ROWS < 13 and 13 % ROWS  # so the 13 places above meet companions, a full block and a padded one
-
-
-class ProductRows(TorchFunctionMode):
-    """The row count of every `F.linear` run inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.rows = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.linear:
-            self.rows.append(args[0].shape[0])
-        return func(*args, **(kwargs or {}))
 
 
 class Logits:

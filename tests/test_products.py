@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import random_ids, tiny_family_config
+from helpers import Products
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from bcr_core.engine import products
 from bcr_core.engine.backbone import Backbone
@@ -23,19 +23,6 @@ def layer(dtype, rows_in=96, rows_out=300, seed=0) -> Float32Products:
     linear = nn.Linear(rows_in, rows_out).to(dtype)
     float32_products(linear)
     return linear
-
-
-class ProductDtypes(TorchFunctionMode):
-    """(rows, input dtype) of every `F.linear` run inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.linear:
-            self.seen.append((args[0].reshape(-1, args[0].shape[-1]).shape[0], args[0].dtype))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -56,14 +43,14 @@ def test_products_of_several_rows_run_in_float32_and_one_row_or_a_decode_step_in
     linear = layer(torch.bfloat16)
     x = torch.randn(3, 96).to(torch.bfloat16)
     for rows, expected in [(x[:1], [(1, torch.bfloat16)]), (x, [(3, torch.float32)]), (x[None], [(3, torch.float32)])]:
-        with ProductDtypes() as seen:
+        with Products() as seen:
             linear(rows)
         assert seen.seen == expected
-    with ProductDtypes() as seen, FixedRowProducts(1):
+    with Products() as seen, FixedRowProducts(1):
         stepped = linear(x)
     assert seen.seen == [(1, torch.bfloat16)] * 3  # the decode step's own rows, in half precision
     assert all(torch.equal(stepped[i], F.linear(x[i : i + 1], linear.weight, linear.bias)[0]) for i in range(3))
-    with ProductDtypes() as seen:
+    with Products() as seen:
         linear(x)
     assert seen.seen == [(3, torch.float32)]  # the decode step's rule ended with it
 
@@ -84,7 +71,7 @@ def test_float32_products_can_be_turned_off_again():
     linear = layer(torch.bfloat16)
     float32_products(linear, enabled=False)
     assert type(linear) is nn.Linear
-    with ProductDtypes() as seen:
+    with Products() as seen:
         linear(torch.randn(3, 96).to(torch.bfloat16))
     assert seen.seen == [(3, torch.bfloat16)]
 
