@@ -6,12 +6,12 @@ in one process, the two alternating so that load drifts hit both; and how far th
     OMP_NUM_THREADS=2 python benchmarks/half_products.py [--model qwen2.5-coder-0.5b] [--dtype bfloat16]
                                                         [--repeats 2] [--json]
 
-The operations, on a user turn of `n` HumanEval prompts (a first agent's prompt, about 150 tokens, and a
-third agent's, about 1,000): a prefill; a repair of a fifth of the rows in 16-row chunks (BCR at rho 0.2);
-a teacher-forced pass of 8 copies of the cache over 128 tokens (the arena's batch); 32 greedy decode steps
-(one-row products: the same kernel in both arms, a control). Every operation reads the same cache. Seconds
-are the median over repeats; "differ" is the largest difference of the operation's output between the arms
-relative to its largest magnitude ("equal" where bit-identical; for decoding, whether the tokens are).
+The operations, on a user turn of HumanEval prompts (one task's, about 150 tokens, as a first agent reads; six
+tasks', about 650, the length of a third agent's prompt): a prefill; a repair of a fifth of the rows in 16-row
+chunks (BCR at rho 0.2); a teacher-forced pass of 8 copies of the cache over 128 tokens (the arena's batch); 32
+greedy decode steps (one-row products: the same kernel in both arms, a control). Every operation reads the same
+cache. Seconds are the median over repeats; "differ" is the largest difference of the operation's output between
+the arms relative to its largest magnitude ("equal" where bit-identical; for decoding, whether the tokens are).
 """
 
 from __future__ import annotations
@@ -38,12 +38,6 @@ def prompt_ids(bb: Backbone, tasks: int) -> list[int]:
     return bb.chat_ids([{"role": "user", "content": f"Complete these functions.\n{text}"}])
 
 
-def copies(kv: KV, n: int) -> KV:
-    return KV(
-        kv.keys.expand(-1, n, -1, -1, -1).contiguous(), kv.values.expand(-1, n, -1, -1, -1).contiguous(), kv.positions
-    )
-
-
 def operations(bb: Backbone, ids: list[int]) -> dict:
     """Each operation as a function returning the tensor it computes (decode: its tokens)."""
     kv = bb.prefill(ids[:-1])
@@ -53,7 +47,7 @@ def operations(bb: Backbone, ids: list[int]) -> dict:
     return {
         "prefill": lambda: bb.prefill(ids[:-1]).keys,
         "repair, rho 0.2": lambda: bb.repair(kv, ids[:-1], rows).keys,
-        "teacher-forced, 8 copies x 128 tokens": lambda: bb.forced_logits_batch(copies(kv, 8), ids[-1], forced),
+        "teacher-forced, 8 copies x 128 tokens": lambda: bb.forced_logits_batch(KV.batch([kv] * 8), ids[-1], forced),
         "32 decode steps": lambda: torch.tensor(bb.generate(kv, ids[-1], 32, stop_ids=()).tokens),
     }
 

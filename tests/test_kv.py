@@ -18,6 +18,16 @@ def test_slice_then_cat_is_identity():
     assert torch.equal(again.positions, kv.positions)
 
 
+def test_batch_puts_copies_side_by_side_each_one_batch_row():
+    copies = [make_kv(6, seed=s) for s in range(3)]
+    batch = KV.batch(copies)
+    assert batch.keys.shape[1] == 3 and torch.equal(batch.positions, copies[0].positions)
+    for b, kv in enumerate(copies):
+        assert torch.equal(batch.keys[:, b : b + 1], kv.keys) and torch.equal(batch.values[:, b : b + 1], kv.values)
+    with pytest.raises(ValueError, match="at least one"):
+        KV.batch([])
+
+
 def test_truncate_and_next_position():
     kv = make_kv(10, start=5)
     short = kv.truncate(3)

@@ -73,10 +73,7 @@ class DenseReference:
 
     def measure_many(self, kvs: list, last_id: int) -> list[dict]:
         """Copies of one cache (same rows, same positions) measured in one batched forward."""
-        stacked = KV(
-            torch.cat([kv.keys for kv in kvs], dim=1), torch.cat([kv.values for kv in kvs], dim=1), kvs[0].positions
-        )
-        return [self.score(logits) for logits in self.bb.forced_logits_batch(stacked, last_id, self.fed)]
+        return [self.score(logits) for logits in self.bb.forced_logits_batch(KV.batch(kvs), last_id, self.fed)]
 
     def score(self, logits: torch.Tensor) -> dict:
         kl = mean_kl(self.log_p, logits[: self.steps].log_softmax(-1))

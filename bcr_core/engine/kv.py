@@ -92,6 +92,15 @@ class KV:
             torch.cat([p.positions for p in parts]),
         )
 
+    @staticmethod
+    def batch(copies: list[KV]) -> KV:
+        """Caches of the same rows and positions (copies repaired differently) side by side along the batch
+        dimension, for one forward over all of them (`Backbone.forced_logits_batch`)."""
+        if not copies:
+            raise ValueError("KV.batch needs at least one cache")
+        keys, values = (torch.cat(parts, dim=1) for parts in zip(*[(c.keys, c.values) for c in copies]))
+        return KV(keys, values, copies[0].positions)
+
     def to_cache(self, room: int = 0) -> DynamicCache:
         """A Hugging Face cache over these rows; a forward pass on it never writes into this span.
 

@@ -1,11 +1,12 @@
 """Half-precision matrix products on a CPU without half-precision matrix units, computed in float32.
 
 There a bfloat16 product falls back to PyTorch's generic kernels: on an AMD EPYC with AVX2 only, the Qwen
-coder's 800-token prefill took 37 s in bfloat16 against 4.8 s with its products in float32
-(docs/performance.md). What a half-precision matrix unit computes (AMX, a GPU's tensor cores) is the product
-of the half-precision values summed in float32 and rounded once to half precision; `Float32Products`
-computes exactly that through float32 BLAS, from a float32 copy of the weights (widening is exact). Its
-result differs from the generic kernel's only in the order of the float32 sums, as two CPUs' kernels differ.
+coder's 654-token prefill took 30.0 s in bfloat16 against 4.16 s with its products in float32
+(benchmarks/half_products.py, docs/performance.md). What a half-precision matrix unit computes (AMX, a GPU's
+tensor cores) is the product of the half-precision values summed in float32 and rounded once to half precision;
+`Float32Products` computes exactly that through float32 BLAS, from a float32 copy of the weights (widening is
+exact). Its result differs from the generic kernel's only in the order of the float32 sums, as two CPUs' kernels
+differ.
 
 Products of one row stay in half precision: a matrix-vector product is bound by reading the weights, which
 half precision halves, and the generic kernel computes it as fast as float32 would. That covers every
