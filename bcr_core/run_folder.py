@@ -183,16 +183,19 @@ def committed(call: dict) -> dict:
 
 
 def export(run: Path, target: Path) -> int:
-    """Write a run folder's records for committing (gzip, `committed` calls) beside its settings;
-    returns the item records written. The three files take their names together, once all are
-    written: a failure leaves an earlier export in `target` as it was."""
+    """Write a run folder's records for committing (gzip, `committed` calls) beside its settings and the
+    arithmetic that made them (`arithmetic.json`, where the folder records it); returns the item records
+    written. The files take their names together, once all are written: a failure leaves an earlier export
+    in `target` as it was."""
     run, target = Path(run), Path(target)
     check_exportable(run, target)
     items = read_records(run / "items.jsonl")
     calls = [committed(c) for c in read_records(run / "calls.jsonl")]
-    names = ("cell.json", "items.jsonl.gz", "calls.jsonl.gz")
-    with all_written_whole([target / name for name in names]) as (settings, items_file, calls_file):
-        settings.write_bytes((run / "cell.json").read_bytes())
+    copied = [name for name in ("cell.json", "arithmetic.json") if (run / name).is_file()]
+    names = (*copied, "items.jsonl.gz", "calls.jsonl.gz")
+    with all_written_whole([target / name for name in names]) as (*copies, items_file, calls_file):
+        for name, copy in zip(copied, copies, strict=True):
+            copy.write_bytes((run / name).read_bytes())
         write_gzip_jsonl(items_file, items, "items.jsonl")
         write_gzip_jsonl(calls_file, calls, "calls.jsonl")
     return len(items)

@@ -16,6 +16,7 @@ for cell in "$from"/*/; do
   [ -f "$from/$cell/cell.json" ] || continue
   mkdir -p "$to/$cell"
   cp "$from/$cell/cell.json" "$to/$cell/"
+  [ -f "$from/$cell/arithmetic.json" ] && cp "$from/$cell/arithmetic.json" "$to/$cell/"
   for records in items calls; do
     if [ "$action" = save ]; then
       [ -f "$from/$cell/$records.jsonl" ] && gzip -9 -c "$from/$cell/$records.jsonl" > "$to/$cell/$records.jsonl.gz"

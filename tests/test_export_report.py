@@ -89,6 +89,15 @@ def test_export_keeps_each_calls_counts_in_place_of_its_id_lists(tmp_path, capsy
         assert [json.loads(line)["condition"] for line in f] == ["dense", "bcr-chunk"]
 
 
+def test_export_carries_the_arithmetic_that_made_the_records_where_the_run_recorded_it(tmp_path):
+    run = run_folder(tmp_path)
+    assert main(["export", str(run), str(tmp_path / "before")]) == 0  # a folder from before it was recorded
+    assert not (tmp_path / "before" / "arithmetic.json").exists()
+    (run / "arithmetic.json").write_text('{"device": "cpu", "cpu kernels": "AVX2"}')
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "arithmetic.json").read_text() == '{"device": "cpu", "cpu kernels": "AVX2"}'
+
+
 def test_export_json_says_what_it_wrote(tmp_path, capsys):
     run = run_folder(tmp_path)
     assert main(["export", str(run), str(tmp_path / "out"), "--json"]) == 0

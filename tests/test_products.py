@@ -86,6 +86,12 @@ def test_a_half_precision_model_computes_in_float32_only_on_a_cpu_without_its_un
     bb = Backbone.from_config(tiny_family_config("llama"), device="cpu", dtype=torch.bfloat16, seed=0)
     linears = [m for m in bb.model.modules() if isinstance(m, nn.Linear)]
     assert linears and all((type(m) is Float32Products) is not native for m in linears)
+    # and a run folder records which (`arithmetic.json`), so a resume on the other kind of CPU is refused
+    assert bb.arithmetic()["products"] == (
+        "bfloat16, the device's own kernels" if native else "bfloat16 values, float32 sums (Float32Products)"
+    )
+    assert bb.arithmetic()["cpu kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert Backbone.from_config(tiny_family_config("llama"), device="cpu", seed=0).arithmetic()["products"] == "float32"
 
 
 def test_a_tiny_bfloat16_model_with_float32_products_decodes_alone_as_in_a_batch():

@@ -79,6 +79,35 @@ def test_a_folder_with_records_but_no_settings_is_refused(tmp_path):
         RunFiles(tmp_path, CELL)
 
 
+def test_a_resume_on_a_machine_that_rounds_otherwise_is_refused_and_changes_nothing(
+    tiny_chat, finished, tmp_path, monkeypatch
+):
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in finished.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    recorded = json.loads((out / "arithmetic.json").read_text())
+    assert recorded["device"] == "cpu" and recorded["products"] == "float32"  # the tiny model's, on this machine
+    other = recorded | {"cpu kernels": "AMX", "cpu model": "another CPU"}
+    monkeypatch.setattr(type(tiny_chat), "arithmetic", lambda self: other)
+    before = snapshot(out)
+    with pytest.raises(UsageError, match=r"rounds otherwise \(cpu kernels: '.+' there, 'AMX' now\)"):
+        run_cell(tiny_chat, CELL, out, progress=False)
+    assert snapshot(out) == before
+    # Another CPU model with the same instruction set runs the same kernels: the resume goes on.
+    monkeypatch.setattr(type(tiny_chat), "arithmetic", lambda self: recorded | {"cpu model": "another CPU"})
+    run_cell(tiny_chat, CELL, out, progress=False)
+    assert snapshot(out) == before
+
+
+def test_a_folder_from_before_the_arithmetic_was_recorded_takes_this_machines(tmp_path):
+    (tmp_path / "cell.json").write_text(json.dumps(run_writer.identity(CELL.record())))
+    files = RunFiles(tmp_path, CELL)
+    files.settle({"device": "cpu", "products": "bfloat16"})
+    files.release()
+    assert json.loads((tmp_path / "arithmetic.json").read_text()) == {"device": "cpu", "products": "bfloat16"}
+
+
 def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
     first = RunFiles(tmp_path, CELL)
     with pytest.raises(UsageError, match=rf"being written by another process \(pid {os.getpid()}\)"):

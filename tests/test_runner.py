@@ -230,7 +230,7 @@ def test_prompt_and_stop_are_a_runs_identity_and_committed_folders_keep_theirs(t
         benchmark="synthetic", agents=2, conditions=["dense"], n=2, max_new_tokens=4, prompt="one-shot", stop="line"
     )
     files = run_writer.RunFiles(tmp_path / "new", new)
-    files.settle()
+    files.settle({"device": "cpu"})
     files.release()
     written = json.loads((tmp_path / "new" / "cell.json").read_text())
     assert (written["prompt"], written["stop"]) == ("one-shot", "line")

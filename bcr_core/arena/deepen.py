@@ -86,7 +86,7 @@ def deepen(bb, source: Path, out: Path, evals: int, progress: bool = True) -> in
     try:
         serving = Serving(bb, cell)
         condition = serving.condition
-        files.settle()
+        files.settle(bb.arithmetic())
         done, _ = files.finished(list(items), serving.nodes, {condition})
         continued = 0
         listed = benchmarks.load_items(cell.benchmark, cell.n, **cell.extra)

@@ -157,7 +157,7 @@ def run_arena(bb, cell: ArenaCell, out: Path, progress: bool = True) -> pd.DataF
         serving = Serving(bb, cell)
         condition = serving.condition
         entries = make_entries(",".join(cell.selectors), parse(condition).option("chunk"))
-        files.settle()
+        files.settle(bb.arithmetic())
         done, done_calls = files.finished([str(i["id"]) for i in items], serving.nodes, {condition})
         bar = tqdm(total=len(items), disable=not progress, desc=f"arena {cell.benchmark} x{cell.agents}")
         with bar:

@@ -43,7 +43,7 @@ from bcr_core.engine.invariance import decode_rows, invariant_decoding
 from bcr_core.engine.kernels import BLOCKED, DISPATCH, QUERY_BLOCK, kernel, key_extents, key_grid
 from bcr_core.engine.kv import KV, RowWriteCache
 from bcr_core.engine.models import default_device, embedded_model_dir, load_pretrained, resolve_dtype
-from bcr_core.engine.products import float32_products, needs_float32_products
+from bcr_core.engine.products import arithmetic, float32_products, needs_float32_products
 from bcr_core.engine.rope import layer_rotations, rerotate_layers
 from bcr_core.engine.static import Steps
 from bcr_core.engine.stopping import StopRule
@@ -169,6 +169,10 @@ class Backbone:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
+
+    def arithmetic(self) -> dict[str, str]:
+        """What decides this backbone's rounding on this machine (`products.arithmetic`)."""
+        return arithmetic(self.device, self.dtype)
 
     @property
     def num_layers(self) -> int:

@@ -16,6 +16,8 @@ reads only the product's own rows, never its batch, so batch invariance holds th
 
 from __future__ import annotations
 
+import platform
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,6 +55,32 @@ class Float32Products(nn.Linear):
             bias = None if self.bias is None else self.bias.float()
             self._float32 = (version, self.weight.detach().float(), bias)
         return self._float32[1], self._float32[2]
+
+
+def arithmetic(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
+    """What decides a run's rounding on this machine, for a run folder to record (`runs.run_writer`): the
+    device, PyTorch's version, its CPU kernels' instruction set or the GPU, and how half-precision products
+    are computed. `cpu model` is for the reader only: two CPUs with one instruction set run the same kernels."""
+    if device.type == "cuda":
+        found = {"device": "cuda", "gpu": torch.cuda.get_device_name(device)}
+    else:
+        found = {"device": device.type, "cpu kernels": torch.backends.cpu.get_cpu_capability()}
+    if dtype not in NATIVE_SUPPORT:
+        products = str(dtype).removeprefix("torch.")
+    elif needs_float32_products(device, dtype):
+        products = f"{str(dtype).removeprefix('torch.')} values, float32 sums (Float32Products)"
+    else:
+        products = f"{str(dtype).removeprefix('torch.')}, the device's own kernels"
+    return found | {"torch": torch.__version__, "products": products, "cpu model": cpu_model()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it (`/proc/cpuinfo`), else `platform.processor()`."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
 
 
 def float32_products(model: nn.Module, enabled: bool = True) -> None:

@@ -50,10 +50,13 @@ class RunFiles:
         self.take_lock()
         self.found = None  # the item records on disk when the run began (`finished`)
 
-    def settle(self) -> None:
+    def settle(self, arithmetic: dict[str, str]) -> None:
+        """Write the settings, and the machine's `arithmetic` (`engine.products.arithmetic`) where none is
+        recorded; refuse to go on where the folder's records were made with other arithmetic."""
         settings = self.out / "cell.json"
         if not settings.exists():
             write_text_whole(settings, json.dumps(identity(self.cell.record()), indent=2))
+        check_arithmetic(self.out, arithmetic)
 
     def take_lock(self) -> None:
         for _ in range(2):
@@ -263,6 +266,30 @@ def check_folder(out: Path, cell: Cell) -> None:
         raise UsageError(
             f"{out} holds records but no cell.json, so their settings are unknown; "
             "use another --out, or delete the records"
+        )
+
+
+ARITHMETIC = "arithmetic.json"  # the machine's arithmetic that made a run's records (`check_arithmetic`)
+ONLY_FOR_THE_READER = {"cpu model"}  # two CPUs with one instruction set run the same kernels
+
+
+def check_arithmetic(out: Path, here: dict[str, str]) -> None:
+    """Record the arithmetic of the machine a run starts on; refuse a resume on a machine that rounds
+    otherwise (another instruction set, GPU, PyTorch, or half-precision product path), since one cell's
+    records would then mix two roundings and its pairs would read the machines' difference as an effect.
+    A folder written before this file existed takes the current machine's (it holds no other record)."""
+    path = out / ARITHMETIC
+    if not path.exists():
+        write_text_whole(path, json.dumps(here, indent=2))
+        return
+    recorded = read_settings(path)
+    compared = lambda found: {k: v for k, v in found.items() if k not in ONLY_FOR_THE_READER}
+    if compared(recorded) != compared(here):
+        changed = differences(compared(recorded), compared(here))
+        raise UsageError(
+            f"{out}'s records were made on a machine that rounds otherwise ({changed}); "
+            "resuming here would mix two arithmetics in one cell. Resume on a machine like the one that made them, "
+            f"or use another --out (or delete {path} to mix them knowingly)"
         )
 
 

@@ -192,7 +192,7 @@ def run_cell(
             bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
         )
         servers, reference = make_servers(bb, cell, batch, prefix_prefills, share_log_probs)
-        files.settle()
+        files.settle(bb.arithmetic())
         stateful = {c for c, server in servers.items() if not server.stateless}
         done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
         units = pending_units(cell, items, pipeline, servers, reference, done, done_calls)
