@@ -183,15 +183,16 @@ def committed(call: dict) -> dict:
 
 
 def export(run: Path, target: Path) -> int:
-    """Write a run folder's records for committing (gzip, `committed` calls) beside its settings and the
-    arithmetic that made them (`arithmetic.json`, where the folder records it); returns the item records
+    """Write a run folder's records for committing (gzip, `committed` calls) beside its settings, the
+    arithmetic that made them and the conditions copied from another run (`arithmetic.json`, `copied.json`,
+    where the folder has them); returns the item records
     written. The files take their names together, once all are written: a failure leaves an earlier export
     in `target` as it was."""
     run, target = Path(run), Path(target)
     check_exportable(run, target)
     items = read_records(run / "items.jsonl")
     calls = [committed(c) for c in read_records(run / "calls.jsonl")]
-    copied = [name for name in ("cell.json", "arithmetic.json") if (run / name).is_file()]
+    copied = [name for name in ("cell.json", "arithmetic.json", "copied.json") if (run / name).is_file()]
     names = (*copied, "items.jsonl.gz", "calls.jsonl.gz")
     with all_written_whole([target / name for name in names]) as (*copies, items_file, calls_file):
         for name, copy in zip(copied, copies, strict=True):

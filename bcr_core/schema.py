@@ -106,6 +106,12 @@ RUN: dict[str, Setting] = {
         help="requests served at once with batched decoding (on a CPU the same tokens and logits bit for bit, "
         "whatever the batch holds; call times then include waiting)",
     ),
+    "copies": Setting(
+        Optional(Str()),
+        help="a raw run folder of the same settings: the conditions it holds in full are copied from it, not served "
+        "again (the batch-invariant instrument makes them what serving would give; each one's first item is served "
+        "here and must equal its record first)",
+    ),
     "fidelity": Setting(
         Bool(), False, help="also serve every call densely: per-call first-token agreement and teacher-forced KL"
     ),

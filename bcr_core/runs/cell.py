@@ -15,7 +15,7 @@ from bcr_core.setting_kinds import SettingError
 from bcr_core.spec_grammar import is_coin, split
 
 # how a cell runs, or what it is made from, rather than what it is: not part of a cell
-NOT_CELL = ("batch", "seeds")
+NOT_CELL = ("batch", "seeds", "copies")
 # `cell.json`'s name for a setting where it differs (the committed records keep theirs)
 RECORD_NAMES = {"agents": "n_agents"}
 RECORDED_BEFORE_DTYPE = "float32"  # every run recorded before cell.json named its dtype ran in fp32 on a CPU

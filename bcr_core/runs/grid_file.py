@@ -35,6 +35,7 @@ class GridCell:
     cell: Cell
     batch: int = 1
     load: str = DEFAULT_MODEL  # the model name to load: `cell.model` with a relative path made absolute
+    copies: str | None = None  # a run folder whose conditions this cell copies (`runs.copies`), made absolute
 
     @property
     def items(self) -> int:
@@ -120,7 +121,8 @@ def grid_cell(path: Path, name: str, defaults: dict, own: dict, command: dict) -
     except SettingError as err:
         shown_as = "" if err.label == cli_label(err.key) else f"{err.label}: "  # e.g. `condition LABEL: `
         raise GridError(f"{path}: {origin(err.key)}: {shown_as}{err.detail}") from None
-    return GridCell(name, cell, run.batch, absolute_model(run.model))
+    copies = None if run.copies is None else str(Path(os.path.expanduser(run.copies)).absolute())
+    return GridCell(name, cell, run.batch, absolute_model(run.model), copies)
 
 
 def absolute_model(model: str) -> str:

@@ -24,6 +24,7 @@ def run_grid_cell(grid_cell: GridCell, out: str, progress: bool = False, on_item
         folder,
         progress=progress,
         batch=grid_cell.batch,
+        copies=grid_cell.copies,
         label=grid_cell.name,
         on_item=on_item,
     )

@@ -282,15 +282,19 @@ def check_arithmetic(out: Path, here: dict[str, str]) -> None:
     if not path.exists():
         write_text_whole(path, json.dumps(here, indent=2))
         return
-    recorded = read_settings(path)
-    compared = lambda found: {k: v for k, v in found.items() if k not in ONLY_FOR_THE_READER}
-    if compared(recorded) != compared(here):
-        changed = differences(compared(recorded), compared(here))
+    recorded, here = compared_arithmetic(read_settings(path)), compared_arithmetic(here)
+    if recorded != here:
+        changed = differences(recorded, here)
         raise UsageError(
             f"{out}'s records were made on a machine that rounds otherwise ({changed}); "
             "resuming here would mix two arithmetics in one cell. Resume on a machine like the one that made them, "
             f"or use another --out (or delete {path} to mix them knowingly)"
         )
+
+
+def compared_arithmetic(found: dict[str, str]) -> dict[str, str]:
+    """The parts of a machine's arithmetic (`engine.products.arithmetic`) that decide its rounding."""
+    return {k: v for k, v in found.items() if k not in ONLY_FOR_THE_READER}
 
 
 # Settings added after runs were committed, at the value every earlier run had: a folder written before

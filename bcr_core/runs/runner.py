@@ -27,6 +27,7 @@ from bcr_core.reuse.fidelity import ForcedLogProbs
 from bcr_core.reuse.segments import PrefixPrefills, SharedPrefills, share_segment_caches
 from bcr_core.reuse.servers import DenseServer
 from bcr_core.runs.cell import Cell
+from bcr_core.runs.copies import copy_conditions
 from bcr_core.runs.lanes import Unit, run_lanes
 from bcr_core.runs.run_writer import RunFiles
 
@@ -141,13 +142,15 @@ def make_servers(bb, cell: Cell, batch: int, prefix_prefills: bool, share_log_pr
 
 def pending_units(cell: Cell, items, pipeline, servers: dict, reference, done, done_calls) -> list[Unit]:
     """One unit per (condition, item) not yet finished; a finished item's calls are replayed into
-    its server instead (a stateful condition's finished items are a prefix of its items)."""
+    its server instead (a stateful condition's finished items are a prefix of its items), unless every
+    item of the condition is finished (its state serves nothing more)."""
     units = []
+    complete = {c for c in servers if all((c, str(item["id"])) in done for item in items)}
     for index, item in enumerate(items):
         item_id = str(item["id"])
         for condition, server in servers.items():
             if (condition, item_id) in done:
-                for call in done_calls.get((condition, item_id), []):
+                for call in done_calls.get((condition, item_id), []) if condition not in complete else ():
                     server.replay(call)
             else:
                 question = benchmarks.question_text(cell.benchmark, item)
@@ -172,6 +175,7 @@ def run_cell(
     prefix_prefills: bool = False,
     share_decodes: bool = True,
     share_log_probs: bool = True,
+    copies: Path | str | None = None,
 ) -> pd.DataFrame:
     """Run (or resume) a cell; returns the tidy per-item table. `label` names its progress bar;
     `on_item` is called after each item record is written (a grid's overall count).
@@ -183,7 +187,8 @@ def run_cell(
     then include waiting for the batch and exclude shared prefills; measure latency at batch size 1
     or with `bcr ttft`. `prefix_prefills` and `share_log_probs`: see `make_servers`; `share_decodes`
     (batch > 1) answers a decode request identical to one decoded before with its tokens
-    (`lanes.SharedDecodes`), on unless turned off to measure it.
+    (`lanes.SharedDecodes`), on unless turned off to measure it. `copies`: a run folder of the same settings
+    whose conditions are copied rather than served (`runs.copies`).
     """
     items = items_to_run(bb, cell, out)
     files = RunFiles(out, cell)
@@ -193,6 +198,8 @@ def run_cell(
         )
         servers, reference = make_servers(bb, cell, batch, prefix_prefills, share_log_probs)
         files.settle(bb.arithmetic())
+        if copies is not None:
+            copy_conditions(bb, cell, Path(copies), files, batch)
         stateful = {c for c, server in servers.items() if not server.stateless}
         done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
         units = pending_units(cell, items, pipeline, servers, reference, done, done_calls)
@@ -231,7 +238,8 @@ def run_and_summarize(run, out: Path, reference: str) -> tuple[pd.DataFrame, lis
 
     cell = run.cell()
     benchmarks.check_grader(cell.benchmark)
-    items = run_cell(load_backbone(cell.model, cell.dtype), cell, out, progress=True, batch=run.batch)
+    bb = load_backbone(cell.model, cell.dtype)
+    items = run_cell(bb, cell, out, progress=True, batch=run.batch, copies=run.copies)
     table = write_summary(items, reference, out)
     notes = [floor_note(table), no_reuse_note(RunFolder(out).calls(), cell.n)]
     return table, [note for note in notes if note]
