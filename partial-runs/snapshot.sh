@@ -11,9 +11,15 @@ case $action in
   restore) from=partial-runs/$run to=runs/$run ;;
   *) echo "snapshot.sh: save or restore, got '$action'" >&2; exit 2 ;;
 esac
+lines() { if [ -f "$1" ]; then wc -l < "$1"; elif [ -f "$1.gz" ]; then gunzip -c "$1.gz" | wc -l; else echo 0; fi; }
 for cell in "$from"/*/; do
   cell=$(basename "$cell")
   [ -f "$from/$cell/cell.json" ] || continue
+  # never replace records with fewer: a run folder left by a session that ran past its last snapshot
+  if [ "$(lines "$to/$cell/items.jsonl")" -gt "$(lines "$from/$cell/items.jsonl")" ]; then
+    echo "snapshot.sh: $to/$cell holds more item records than $from/$cell; save it first, or delete it" >&2
+    exit 1
+  fi
   mkdir -p "$to/$cell"
   cp "$from/$cell/cell.json" "$to/$cell/"
   [ -f "$from/$cell/arithmetic.json" ] && cp "$from/$cell/arithmetic.json" "$to/$cell/"
