@@ -184,10 +184,9 @@ def committed(call: dict) -> dict:
 
 def export(run: Path, target: Path) -> int:
     """Write a run folder's records for committing (gzip, `committed` calls) beside its settings, the
-    arithmetic that made them and the conditions copied from another run (`arithmetic.json`, `copied.json`,
-    where the folder has them); returns the item records
-    written. The files take their names together, once all are written: a failure leaves an earlier export
-    in `target` as it was."""
+    arithmetic that made them and the conditions it copied from another run (`arithmetic.json`,
+    `copied.json`, where it has them); returns the item records written. The files take their names
+    together, once all are written: a failure leaves an earlier export in `target` as it was."""
     run, target = Path(run), Path(target)
     check_exportable(run, target)
     items = read_records(run / "items.jsonl")
