@@ -587,6 +587,60 @@ def test_the_documented_arena_transfer_table_compares_like_with_like():
         assert line in shown_in, line
 
 
+def test_the_answer_table_is_the_arenas_own_numbers_written_out_from_their_call_records():
+    """Which rows to recompute, per arena, computed here from the raw `arena` fields of the committed calls
+    without the measures module: per item the mean over its assembled calls, coin seeds averaged; a share is
+    (coin - selector) / (coin - searched) as a ratio of means over items; the best deployable selector is the
+    largest share among those reading no exact cache (`ours` apart: its own column). The docs part is a drift
+    check of the lines pasted into docs/results.md."""
+    import numpy as np
+    import pandas as pd
+
+    from bcr_core.arena import report
+    from bcr_core.arena.registry import current_label
+    from bcr_core.paths import RESULTS
+    from bcr_core.run_folder import RunFolder
+
+    folders = [RESULTS / "arena", RESULTS / "arena-gemma-3-270m-bos"]
+    table = report.answer_table(folders).set_index("arena")
+    assert list(table.index) == ["SmolLM2-135M, synthetic", "Gemma 3 270M, synthetic"]
+    exact_readers = {"kv-error", "kv-error-attn", "searched"}
+    for folder, (_, row) in zip(folders, table.iterrows()):
+        rows, base = [], []
+        for call in RunFolder(folder).calls():
+            arena = call.get("arena")
+            if not arena:
+                continue
+            held = arena["item_index"] >= arena["items"] / 2  # `ours` is read on SmolLM2's second half only
+            for entry in arena["entries"]:
+                label = current_label(entry["selector"])
+                label = "coin" if label.startswith("coin") else label
+                if entry["budget"] == "paired" and (label != "ours" or held):
+                    rows.append((call["item_id"], call["node"], label, entry["kl"]))
+            base.append((call["item_id"], arena["unrepaired"]["kl"], arena["token_matched"]["kl"]))
+        kl = pd.DataFrame(rows, columns=["item", "node", "selector", "kl"])
+        kl = kl.groupby(["item", "node", "selector"])["kl"].mean().groupby(["item", "selector"]).mean().unstack()
+        if "ours" in kl:  # each share on the items where both sides were read
+            ours = kl[["coin", "searched", "ours"]].dropna()
+            gain = (ours["coin"] - ours["ours"]).mean() / (ours["coin"] - ours["searched"]).mean()
+            assert row["ours"][0] == pytest.approx(gain, rel=1e-9)
+        deployable = [s for s in kl.columns if s not in exact_readers | {"coin", "ours"}]
+        gain = np.nanmean(kl["coin"] - kl["searched"])
+        shares = {s: np.nanmean(kl["coin"] - kl[s]) / gain for s in deployable}
+        assert row["best"] == max(shares, key=shares.get)
+        assert row["best_share"][0] == pytest.approx(shares[row["best"]], rel=1e-9)
+        assert row["draft"][0] == pytest.approx(shares["draft"], rel=1e-9)
+        per_item = pd.DataFrame(base, columns=["item", "unrepaired", "tm"]).groupby("item").mean()
+        searched = kl["searched"].reindex(per_item.index)
+        reached = (per_item["unrepaired"] - searched).mean() / (per_item["unrepaired"] - per_item["tm"]).mean()
+        assert row["reached"][0] == pytest.approx(reached, rel=1e-9)
+        assert row["of_kvcomm"][0] == pytest.approx(1 - searched.mean() / per_item["unrepaired"].mean(), rel=1e-9)
+        assert row["reached"][1] < row["reached"][0] < row["reached"][2]  # its interval holds it
+    shown_in = (RESULTS.parent / "docs" / "results.md").read_text()
+    for line in report.answer_lines(folders).splitlines():
+        assert line in shown_in, line
+
+
 def test_every_selector_shares_one_protocol_and_the_registry_reads_its_costs_from_the_class():
     """One protocol: `rank(bb, kv, ids, last_id, rows=None, *, context=None)`, and `row_rule`,
     `passes`, `reads_exact` as class attributes; the entry's costs are the class's (the paper's k = 2

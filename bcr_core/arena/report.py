@@ -4,7 +4,8 @@
 count (per-item KL with its interval, the share of the achievable gain, per-call rates, rows and
 cost), the rows-vs-KL frontier over the budget sweep, and one line per verdict; a test checks that
 every line of it is in docs/results.md. Given several folders (one arena per model), it prints each and
-then the transfer table: every verdict per model, each model's table its own Holm family.
+then the transfer table (every verdict per model, each model's table its own Holm family) and which rows to
+recompute on each (`answer_table`: the ceiling's reach and each rule's share of its gain).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 from bcr_core.analysis.reports.claims_report import model_of, p_texts, transfer, transfer_markdown
 from bcr_core.arena import ceiling, measures
 from bcr_core.arena.copies import PAIRED
+from bcr_core.arena.registry import make_entry
 from bcr_core.errors import UsageError
 from bcr_core.run_folder import RunFolder
 
@@ -214,12 +216,65 @@ def transfer_lines(folders) -> str:
     return transfer_markdown(transfer_table(folders), [model_of(f) for f in folders])
 
 
+NAMED = ("draft", "draft:rank=predicted", measures.OURS)  # the lab's rules, read on every arena beside the best
+
+
+def answer_table(folders) -> pd.DataFrame:
+    """Which rows to recompute, one row per arena (model and task) at BCR-chunk's own count: how much of the
+    reachable the searched set reaches and how much of KVComm's own KL it recovers, the deployable selector
+    (reading no exact cache) that takes the largest share of the searched set's gain over the coin, and the
+    shares of the whole-cache draft, the predicted-row draft and `ours` (each with its 95% interval; `ours` has its
+    own column and is not a candidate for the best, since on SmolLM2's arena it is read on half the items)."""
+    rows = []
+    for folder in folders:
+        frame, calls = measures.read_arena(folder), RunFolder(Path(folder)).calls()
+        reach = ceiling.reach(calls).set_index("budget").loc[PAIRED]
+        shares = measures.gap_share(frame)[1].set_index("selector")
+        share = shares[["gap_share", "lo", "hi"]].apply(tuple, axis=1)
+        deployable = [s for s in shares.index if not make_entry(s).reads_exact and s != measures.OURS]
+        best = shares.loc[deployable, "gap_share"].idxmax()
+        rows.append(
+            {
+                "arena": f"{model_of(folder)}, {RunFolder(Path(folder)).settings['benchmark']}",
+                "items": int(reach["items"]),
+                "unrepaired": reach["unrepaired"],
+                "searched": reach["searched"],
+                "reached": (reach["reached"], reach["lo"], reach["hi"]),
+                "of_kvcomm": (reach["recovered"], reach["recovered_lo"], reach["recovered_hi"]),
+                "best": best,
+                "best_share": share[best],
+            }
+            | {selector: share[selector] for selector in NAMED}
+        )
+    return pd.DataFrame(rows)
+
+
+def answer_lines(folders) -> str:
+    """`answer_table` as docs/results.md shows it."""
+    percent = lambda v: f"{100 * v[0]:.0f}% [{100 * v[1]:.0f}, {100 * v[2]:.0f}]"
+    lines = [
+        "| arena | items | KL unrepaired | KL searched | searched reaches [95% CI] | of KVComm's KL [95% CI] "
+        "| best deployable: share of the searched gain [95% CI] | whole-cache draft | predicted-row draft | `ours` |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in answer_table(folders).to_dict("records"):
+        lines.append(
+            f"| {r['arena']} | {r['items']} | {r['unrepaired']:.4f} | {r['searched']:.4f} | {percent(r['reached'])} "
+            f"| {percent(r['of_kvcomm'])} | `{r['best']}` {percent(r['best_share'])} | "
+            + " | ".join(percent(r[s]) for s in NAMED)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def main(folders: list) -> None:
-    """Print each folder's tables, then (given several) the transfer table across their models."""
+    """Print each folder's tables, then (given several) the transfer table across their models and which rows
+    to recompute on each (`answer_lines`)."""
     for folder in folders:
         if not measures.has_records(folder):
             raise UsageError(
                 f"{folder} holds no arena records (no calls.jsonl): make them with `bcr arena --n N --out {folder}`, "
                 "then report again"
             )
-    print("\n\n".join([*map(markdown, folders), *([transfer_lines(folders)] if len(folders) > 1 else [])]))
+    across = [transfer_lines(folders), answer_lines(folders)] if len(folders) > 1 else []
+    print("\n\n".join([*map(markdown, folders), *across]))
