@@ -30,7 +30,7 @@ from bcr_core.runs.run_writer import LATER_SETTINGS
 from bcr_core.runs.runner import run_cell
 
 # A run's settings a comparison leaves to each of its conditions' runs (and how they run).
-NOT_COMPARED = ("conditions", "reference", "fidelity", "seeds", "batch")
+NOT_COMPARED = ("conditions", "reference", "fidelity", "seeds", "batch", "copies")
 
 
 class Comparison(settings_record("ComparisonFields", leave_out=NOT_COMPARED)):
