@@ -32,6 +32,7 @@ from bcr_core.reuse.calls import mode_of, wasted_rows
 
 ID_LISTS = ("dense_ids", "merged_ids", "repaired_rows")  # left out of committed records
 SETTINGS, ITEMS, CALLS = "cell.json", "items.jsonl", "calls.jsonl"  # a run folder's files (`.gz` once committed)
+ARITHMETIC, COPIED = "arithmetic.json", "copied.json"  # the machine that made the records; what was copied
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def export(run: Path, target: Path) -> int:
     check_exportable(run, target)
     items = read_records(run / "items.jsonl")
     calls = [committed(c) for c in read_records(run / "calls.jsonl")]
-    copied = [name for name in ("cell.json", "arithmetic.json", "copied.json") if (run / name).is_file()]
+    copied = [name for name in (SETTINGS, ARITHMETIC, COPIED) if (run / name).is_file()]
     names = (*copied, "items.jsonl.gz", "calls.jsonl.gz")
     with all_written_whole([target / name for name in names]) as (*copies, items_file, calls_file):
         for name, copy in zip(copied, copies, strict=True):

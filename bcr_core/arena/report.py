@@ -227,7 +227,9 @@ def answer_table(folders) -> pd.DataFrame:
     own column and is not a candidate for the best, since on SmolLM2's arena it is read on half the items)."""
     rows = []
     for folder in folders:
-        frame, calls = measures.read_arena(folder), RunFolder(Path(folder)).calls()
+        run = RunFolder(Path(folder))
+        calls = run.calls()
+        frame = measures.arena_frame(calls)
         reach = ceiling.reach(calls).set_index("budget").loc[PAIRED]
         shares = measures.gap_share(frame)[1].set_index("selector")
         share = shares[["gap_share", "lo", "hi"]].apply(tuple, axis=1)
@@ -235,7 +237,7 @@ def answer_table(folders) -> pd.DataFrame:
         best = shares.loc[deployable, "gap_share"].idxmax()
         rows.append(
             {
-                "arena": f"{model_of(folder)}, {RunFolder(Path(folder)).settings['benchmark']}",
+                "arena": f"{model_of(folder)}, {run.settings['benchmark']}",
                 "items": int(reach["items"]),
                 "unrepaired": reach["unrepaired"],
                 "searched": reach["searched"],

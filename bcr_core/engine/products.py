@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bcr_core.engine.invariance import decode_step_rows
+from bcr_core.engine.models import dtype_name
 
 NATIVE_SUPPORT = {  # whether oneDNN computes the dtype's products on this CPU (AMX, AVX-512 BF16/FP16, or emulated)
     torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
@@ -65,12 +66,11 @@ def arithmetic(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
         found = {"device": "cuda", "gpu": torch.cuda.get_device_name(device)}
     else:
         found = {"device": device.type, "cpu kernels": torch.backends.cpu.get_cpu_capability()}
-    if dtype not in NATIVE_SUPPORT:
-        products = str(dtype).removeprefix("torch.")
-    elif needs_float32_products(device, dtype):
-        products = f"{str(dtype).removeprefix('torch.')} values, float32 sums (Float32Products)"
-    else:
-        products = f"{str(dtype).removeprefix('torch.')}, the device's own kernels"
+    products = dtype_name(dtype)
+    if dtype in NATIVE_SUPPORT and needs_float32_products(device, dtype):
+        products += " values, float32 sums (Float32Products)"
+    elif dtype in NATIVE_SUPPORT:
+        products += ", the device's own kernels"
     return found | {"torch": torch.__version__, "products": products, "cpu model": cpu_model()}
 
 

@@ -19,12 +19,11 @@ from pathlib import Path
 
 from bcr_core.errors import UsageError
 from bcr_core.paths import write_text_whole
-from bcr_core.run_folder import read_records, read_settings
+from bcr_core.run_folder import ARITHMETIC, COPIED, read_records, read_settings
 from bcr_core.runs.cell import Cell
-from bcr_core.runs.run_writer import ARITHMETIC, RunFiles, compared_arithmetic, identity
+from bcr_core.runs.run_writer import RunFiles, arithmetic_change, identity
 from bcr_core.setting_kinds import differences
 
-COPIED = "copied.json"  # where a run folder says which of its conditions were copied, from where
 NOT_COMPARED = ("conditions", "reference")  # settings two cells sharing conditions may differ in
 
 
@@ -37,8 +36,7 @@ def copy_conditions(bb, cell: Cell, source: Path, files: RunFiles, batch: int) -
     if (files.out / COPIED).exists():  # copied when the run began: what it lacks now is served here
         return []
     source = Path(source)
-    check_source(bb, cell, source)
-    shared = [c for c in cell.conditions if c in read_settings(source / "cell.json")["conditions"]]
+    shared = [c for c in cell.conditions if c in check_source(bb, cell, source)["conditions"]]
     present = {row["condition"] for row in read_records(files.items_path)} if files.items_path.exists() else set()
     wanted = [c for c in shared if c not in present]
     if not wanted:
@@ -54,8 +52,9 @@ def copy_conditions(bb, cell: Cell, source: Path, files: RunFiles, batch: int) -
     return wanted
 
 
-def check_source(bb, cell: Cell, source: Path) -> None:
-    """`source` is a raw run folder of `cell`'s settings (but its conditions) made with this machine's arithmetic."""
+def check_source(bb, cell: Cell, source: Path) -> dict:
+    """`source` is a raw run folder of `cell`'s settings (but its conditions) made with this machine's arithmetic;
+    returns its settings."""
     if not (source / "cell.json").is_file():
         raise UsageError(f"copies: {source} holds no cell.json, so it is not a run folder")
     if not (source / "calls.jsonl").is_file():
@@ -63,17 +62,17 @@ def check_source(bb, cell: Cell, source: Path) -> None:
             f"copies: {source} holds no calls.jsonl: an exported folder keeps no id lists to resume from; "
             "copy from the raw run folder (runs/..., or partial-runs/snapshot.sh restore)"
         )
-    theirs = {k: v for k, v in identity(read_settings(source / "cell.json")).items() if k not in NOT_COMPARED}
+    settings = read_settings(source / "cell.json")
+    theirs = {k: v for k, v in identity(settings).items() if k not in NOT_COMPARED}
     ours = {k: v for k, v in json.loads(json.dumps(identity(cell.record()))).items() if k not in NOT_COMPARED}
     if theirs != ours:
         raise UsageError(f"copies: {source} is a run of other settings ({differences(theirs, ours)})")
     if not (source / ARITHMETIC).is_file():
         raise UsageError(f"copies: {source} does not record the arithmetic that made its records ({ARITHMETIC})")
-    recorded, here = compared_arithmetic(read_settings(source / ARITHMETIC)), compared_arithmetic(bb.arithmetic())
-    if recorded != here:
-        raise UsageError(
-            f"copies: {source} was made on a machine that rounds otherwise ({differences(recorded, here)})"
-        )
+    changed = arithmetic_change(read_settings(source / ARITHMETIC), bb.arithmetic())
+    if changed:
+        raise UsageError(f"copies: {source} was made on a machine that rounds otherwise ({changed})")
+    return settings
 
 
 def source_records(source: Path, cell: Cell, conditions: list[str]) -> tuple[dict, dict]:

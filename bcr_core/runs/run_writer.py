@@ -17,6 +17,7 @@ from bcr_core.engine.stopping import DEFAULT_RULE
 from bcr_core.errors import UsageError
 from bcr_core.paths import process_alive, write_text_whole
 from bcr_core.run_folder import (
+    ARITHMETIC,
     append_jsonl,
     count_lines,
     derive,
@@ -269,7 +270,6 @@ def check_folder(out: Path, cell: Cell) -> None:
         )
 
 
-ARITHMETIC = "arithmetic.json"  # the machine's arithmetic that made a run's records (`check_arithmetic`)
 ONLY_FOR_THE_READER = {"cpu model"}  # two CPUs with one instruction set run the same kernels
 
 
@@ -282,9 +282,8 @@ def check_arithmetic(out: Path, here: dict[str, str]) -> None:
     if not path.exists():
         write_text_whole(path, json.dumps(here, indent=2))
         return
-    recorded, here = compared_arithmetic(read_settings(path)), compared_arithmetic(here)
-    if recorded != here:
-        changed = differences(recorded, here)
+    changed = arithmetic_change(read_settings(path), here)
+    if changed:
         raise UsageError(
             f"{out}'s records were made on a machine that rounds otherwise ({changed}); "
             "resuming here would mix two arithmetics in one cell. Resume on a machine like the one that made them, "
@@ -292,9 +291,11 @@ def check_arithmetic(out: Path, here: dict[str, str]) -> None:
         )
 
 
-def compared_arithmetic(found: dict[str, str]) -> dict[str, str]:
-    """The parts of a machine's arithmetic (`engine.products.arithmetic`) that decide its rounding."""
-    return {k: v for k, v in found.items() if k not in ONLY_FOR_THE_READER}
+def arithmetic_change(recorded: dict[str, str], here: dict[str, str]) -> str:
+    """How two machines' arithmetic (`engine.products.arithmetic`) differ in what decides rounding, as
+    `differences` words it; empty where they round alike."""
+    compared = lambda found: {k: v for k, v in found.items() if k not in ONLY_FOR_THE_READER}
+    return differences(compared(recorded), compared(here))
 
 
 # Settings added after runs were committed, at the value every earlier run had: a folder written before
