@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,23 +27,26 @@ from bcr_core.setting_kinds import differences
 
 NOT_COMPARED = ("conditions", "reference")  # settings two cells sharing conditions may differ in
 
+Serve = Callable[[Cell, Path], None]  # runs a cell into a new run folder, as the runner does
 
-def copy_conditions(bb, cell: Cell, source: Path, files: RunFiles, batch: int) -> list[str]:
+
+def copy_conditions(cell: Cell, source: Path, files: RunFiles, arithmetic: dict, serve: Serve) -> list[str]:
     """Copy into `files` every condition of `cell` that the run folder `source` holds and `files` holds no record
-    of yet, once each one's first item, served here at `batch`, equals the source's; returns the conditions copied
+    of yet, once each one's first item, served here by `serve`, equals the source's; returns the conditions copied
     (none once `copied.json` is written: a copy cut short leaves its conditions' remaining items to serve).
+    `arithmetic` is this machine's (`Backbone.arithmetic`).
     Refuses, naming why, a source of other settings or arithmetic, an exported one, one missing items of a
     shared condition, and one this machine does not reproduce."""
     if (files.out / COPIED).exists():  # copied when the run began: what it lacks now is served here
         return []
     source = Path(source)
-    shared = [c for c in cell.conditions if c in check_source(bb, cell, source)["conditions"]]
+    shared = [c for c in cell.conditions if c in check_source(cell, source, arithmetic)["conditions"]]
     present = {row["condition"] for row in read_records(files.items_path)} if files.items_path.exists() else set()
     wanted = [c for c in shared if c not in present]
     if not wanted:
         return []
     items, calls = source_records(source, cell, wanted)
-    check_reproduced(bb, cell, wanted, items, calls, batch)
+    check_reproduced(cell, wanted, items, calls, serve)
     checked = f"the first item ({items[wanted[0]][0]['item_id']}) of each served again here: equal but for times"
     record = {"from": str(source.resolve()), "conditions": wanted, "checked": checked}
     write_text_whole(files.out / COPIED, json.dumps(record, indent=2))  # first: a copy cut short is resumed
@@ -52,7 +56,7 @@ def copy_conditions(bb, cell: Cell, source: Path, files: RunFiles, batch: int) -
     return wanted
 
 
-def check_source(bb, cell: Cell, source: Path) -> dict:
+def check_source(cell: Cell, source: Path, arithmetic: dict) -> dict:
     """`source` is a raw run folder of `cell`'s settings (but its conditions) made with this machine's arithmetic;
     returns its settings."""
     if not (source / "cell.json").is_file():
@@ -69,7 +73,7 @@ def check_source(bb, cell: Cell, source: Path) -> dict:
         raise UsageError(f"copies: {source} is a run of other settings ({differences(theirs, ours)})")
     if not (source / ARITHMETIC).is_file():
         raise UsageError(f"copies: {source} does not record the arithmetic that made its records ({ARITHMETIC})")
-    changed = arithmetic_change(read_settings(source / ARITHMETIC), bb.arithmetic())
+    changed = arithmetic_change(read_settings(source / ARITHMETIC), arithmetic)
     if changed:
         raise UsageError(f"copies: {source} was made on a machine that rounds otherwise ({changed})")
     return settings
@@ -95,15 +99,13 @@ def source_records(source: Path, cell: Cell, conditions: list[str]) -> tuple[dic
     return items, calls
 
 
-def check_reproduced(bb, cell: Cell, conditions, items, calls, batch: int) -> None:
-    """Serve the first item of `conditions` here (beside each other, at `batch`) and hold its records equal to
-    the source's in every field but the times, or refuse naming the first that differs."""
-    from bcr_core.runs.runner import run_cell  # the runner calls this module
-
+def check_reproduced(cell: Cell, conditions, items, calls, serve: Serve) -> None:
+    """Serve the first item of `conditions` here (beside each other) and hold its records equal to the source's
+    in every field but the times, or refuse naming the first that differs."""
     scratch = Path(tempfile.mkdtemp(prefix="bcr-copies-check-"))
     try:
         first = replace(cell, conditions=tuple(conditions), n=1, reference=None)
-        run_cell(bb, first, scratch, progress=False, batch=batch)
+        serve(first, scratch)
         served_items = {row["condition"]: row for row in read_records(scratch / "items.jsonl")}
         served_calls: dict[str, list] = {}
         for call in read_records(scratch / "calls.jsonl"):

@@ -197,9 +197,7 @@ def run_cell(
             bb, cell.benchmark, cell.agents, cell.max_new_tokens, cell.pinned, prompt=cell.prompt, stop=cell.stop
         )
         servers, reference = make_servers(bb, cell, batch, prefix_prefills, share_log_probs)
-        files.settle(bb.arithmetic())
-        if copies is not None:
-            copy_conditions(bb, cell, Path(copies), files, batch)
+        settle(bb, cell, files, copies, batch)
         stateful = {c for c, server in servers.items() if not server.stateless}
         done, done_calls = files.finished([str(i["id"]) for i in items], [t.node for t in pipeline.templates], stateful)
         units = pending_units(cell, items, pipeline, servers, reference, done, done_calls)
@@ -226,6 +224,14 @@ def run_cell(
     finally:
         files.release()
     return files.items_table()
+
+
+def settle(bb, cell: Cell, files: RunFiles, copies: Path | str | None, batch: int) -> None:
+    """The run folder checked against this machine's arithmetic (`RunFiles.settle`), then the conditions `copies`
+    holds copied in (`runs.copies`), each checked by serving its first item here at `batch`."""
+    files.settle(bb.arithmetic())
+    if copies is not None:
+        copy_conditions(cell, Path(copies), files, bb.arithmetic(), partial(run_cell, bb, progress=False, batch=batch))
 
 
 def run_and_summarize(run, out: Path, reference: str) -> tuple[pd.DataFrame, list[str]]:
