@@ -103,7 +103,8 @@ def test_ttft_reports_the_bound_and_peak_memory(tiny_chat):
     assert (table["bound_fraction"] > 0).all() and (table["peak_rss_mb"] > 0).all()
     # the same call's arithmetic orders the methods: Dense computes everything, KVComm one row
     assert table.loc["dense", "bound_ms"] > table.loc["bcr-chunk", "bound_ms"] > table.loc["kvcomm", "bound_ms"]
-    assert table.loc["bcr-chunk", "bound_ms"] > table.loc["coin-chunk", "bound_ms"]  # the draft
+    # not bcr-chunk > coin-chunk: the two repair different rows, and where rows sit moves their attention by more
+    # than the draft's two tokens cost (a near-tie); the operation-count test above counts the draft on equal rows
 
 
 def test_a_call_the_skip_rule_serves_unrepaired_is_bounded_like_kvcomm(tiny_chat):
