@@ -214,7 +214,7 @@ def test_the_ceiling_s_share_of_kvcomm_s_kl_is_read_against_kvcomm_not_the_reach
     assert row["recovered_lo"] <= 0.60 <= row["recovered_hi"] and row["lo"] <= 0.75 <= row["hi"]
 
 
-@pytest.mark.parametrize("folder", ["arena-gemma-3-270m-bos", "arena"])
+@pytest.mark.parametrize("folder", ["arena-gemma-3-270m-bos", "arena", "arena-qwen2.5-coder-0.5b-humaneval"])
 def test_in_the_committed_records_no_selector_leaves_less_kl_than_the_searched_set(folder):
     """Every committed call and budget: no selector's set at the searched set's row count leaves less KL."""
     from bcr_core.paths import RESULTS

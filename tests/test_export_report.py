@@ -180,6 +180,25 @@ def test_report_arena_prints_the_tables_docs_results_shows():
     assert [line for line in lines if line not in shown] == []
 
 
+def test_report_arena_compares_models_only_within_one_task(monkeypatch, capsys):
+    """Given the two synthetic arenas and the HumanEval one, the transfer table reads the two models on the
+    synthetic task only (a verdict moving between tasks is not a model's transfer), and the answer table all
+    three; a transfer table over two tasks is refused."""
+    from bcr_core.arena import report
+    from bcr_core.paths import RESULTS
+
+    folders = [RESULTS / "arena", RESULTS / "arena-gemma-3-270m-bos", RESULTS / "arena-qwen2.5-coder-0.5b-humaneval"]
+    monkeypatch.setattr(report, "markdown", lambda folder: "")
+    monkeypatch.setattr(report, "transfer_lines", lambda group: f"transfer {[Path(f).name for f in group]}")
+    monkeypatch.setattr(report, "answer_lines", lambda group: f"answer {[Path(f).name for f in group]}")
+    report.main(folders)
+    printed = capsys.readouterr().out
+    assert printed.count("transfer") == 1 and "transfer ['arena', 'arena-gemma-3-270m-bos']" in printed
+    assert f"answer {[f.name for f in folders]}" in printed
+    with pytest.raises(UsageError, match="several tasks .*humaneval.*synthetic"):
+        report.transfer_table([folders[0], folders[2]])
+
+
 # ------------------------------------------------------------------ faults while writing: the earlier export stays
 
 ROOT = Path(bcr_core.__file__).resolve().parent.parent  # the bcr_core under test, for the subprocesses

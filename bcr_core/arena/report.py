@@ -204,12 +204,22 @@ def markdown(folder) -> str:
 
 def transfer_table(folders) -> pd.DataFrame:
     """Every arena verdict on each folder's model side by side, and whether the verdicts are the same
-    (no test across models); the folders' models must differ."""
+    (no test across models); the folders' models must differ and their task must be one."""
+    tasks = {benchmark_of(f) for f in folders}
+    if len(tasks) > 1:
+        raise UsageError(
+            f"the arena folders hold several tasks ({', '.join(sorted(tasks))}): a transfer table "
+            "compares models on one task"
+        )
     verdicts = {model_of(f): measures.verdicts(measures.read_arena(f)) for f in folders}
     if len(verdicts) < len(folders):
         raise UsageError("two arena folders hold the same model: a transfer table compares models")
     # no difference test: a per-item KL effect is on its model's own scale (Gemma's ~8x SmolLM2's)
     return transfer(verdicts, test_difference=False)
+
+
+def benchmark_of(folder) -> str:
+    return RunFolder(Path(folder)).settings["benchmark"]
 
 
 def transfer_lines(folders) -> str:
@@ -227,8 +237,7 @@ def answer_table(folders) -> pd.DataFrame:
     own column and is not a candidate for the best, since on SmolLM2's arena it is read on half the items)."""
     rows = []
     for folder in folders:
-        run = RunFolder(Path(folder))
-        calls = run.calls()
+        calls = RunFolder(Path(folder)).calls()
         frame = measures.arena_frame(calls)
         reach = ceiling.reach(calls).set_index("budget").loc[PAIRED]
         shares = measures.gap_share(frame)[1].set_index("selector")
@@ -237,7 +246,7 @@ def answer_table(folders) -> pd.DataFrame:
         best = shares.loc[deployable, "gap_share"].idxmax()
         rows.append(
             {
-                "arena": f"{model_of(folder)}, {run.settings['benchmark']}",
+                "arena": f"{model_of(folder)}, {benchmark_of(folder)}",
                 "items": int(reach["items"]),
                 "unrepaired": reach["unrepaired"],
                 "searched": reach["searched"],
@@ -270,13 +279,17 @@ def answer_lines(folders) -> str:
 
 
 def main(folders: list) -> None:
-    """Print each folder's tables, then (given several) the transfer table across their models and which rows
-    to recompute on each (`answer_lines`)."""
+    """Print each folder's tables, then (given several) the transfer table across the models of each task that
+    several hold and which rows to recompute on each arena (`answer_lines`)."""
     for folder in folders:
         if not measures.has_records(folder):
             raise UsageError(
                 f"{folder} holds no arena records (no calls.jsonl): make them with `bcr arena --n N --out {folder}`, "
                 "then report again"
             )
-    across = [transfer_lines(folders), answer_lines(folders)] if len(folders) > 1 else []
+    by_task: dict[str, list] = {}
+    for folder in folders:
+        by_task.setdefault(benchmark_of(folder), []).append(folder)
+    across = [transfer_lines(group) for group in by_task.values() if len(group) > 1]
+    across += [answer_lines(folders)] if len(folders) > 1 else []
     print("\n\n".join([*map(markdown, folders), *across]))
