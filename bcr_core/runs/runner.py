@@ -229,9 +229,10 @@ def run_cell(
 def settle(bb, cell: Cell, files: RunFiles, copies: Path | str | None, batch: int) -> None:
     """The run folder checked against this machine's arithmetic (`RunFiles.settle`), then the conditions `copies`
     holds copied in (`runs.copies`), each checked by serving its first item here at `batch`."""
-    files.settle(bb.arithmetic())
+    arithmetic = bb.arithmetic()
+    files.settle(arithmetic)
     if copies is not None:
-        copy_conditions(cell, Path(copies), files, bb.arithmetic(), partial(run_cell, bb, progress=False, batch=batch))
+        copy_conditions(cell, Path(copies), files, arithmetic, partial(run_cell, bb, progress=False, batch=batch))
 
 
 def run_and_summarize(run, out: Path, reference: str) -> tuple[pd.DataFrame, list[str]]:
